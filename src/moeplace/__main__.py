@@ -1,0 +1,5 @@
+import sys
+
+from moeplace.cli import main
+
+sys.exit(main())
