@@ -53,3 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pi.add_argument("--json", action="store_true", help="print JSON (keys: num_layers, num_experts, top_k, "
                     "num_requests, num_tokens{prefill,decode}, domains, ...)")
     pi.set_defaults(func=cmd_info)
+
+    from moeplace.cli import trace_import, trace_record
+
+    trace_record.register(tsub)
+    trace_import.register(tsub)
