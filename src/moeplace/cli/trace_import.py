@@ -12,6 +12,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     options = {k: getattr(args, k) for k in ("limit", "model", "num_experts", "top_k", "hidden_size",
                                              "num_shared_experts")}
+    options["weights"] = False if args.no_weights else None
     out = import_trace(args.format, args.src, args.out, overwrite=args.overwrite, **options)
     print(f"imported {args.src} ({args.format}) -> {out}")
     return cmd_info(argparse.Namespace(trace=str(out), json=False))
@@ -35,6 +36,7 @@ def register(tsub: argparse._SubParsersAction) -> None:
     p.add_argument("out", help="trace directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
     p.add_argument("--limit", type=int, help="gpt-oss-npz: import only the first N generations")
+    p.add_argument("--no-weights", action="store_true", help="gpt-oss-npz: drop routing weights (3x smaller)")
     p.add_argument("--model", help="vllm-routed, sglang-*: model name for the metadata (default: unknown)")
     p.add_argument("--num-experts", type=int, help="vllm-routed, sglang-per-token: E (default: largest id + 1)")
     p.add_argument("--top-k", type=int, help="sglang-stat: K, which the stat dump does not record")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +166,8 @@ def import_gpt_oss_npz(
     out: str | os.PathLike,
     *,
     limit: int | None = None,
+    select: Sequence[int] | None = None,
+    weights: bool = True,
     overwrite: bool = False,
 ) -> Path:
     """Import gpt-oss-20b decode routing (``decode_routing.npz`` + ``decode_routing_meta.jsonl``).
@@ -173,7 +175,9 @@ def import_gpt_oss_npz(
     ``src`` is the directory holding both files (or the .npz itself). Arrays: ``expert_ids`` uint8 [T, 24, 4],
     ``expert_probs`` float16 [T, 24, 4] (kept as weights), ``example_offsets`` int64 [R+1] (generation i is rows
     offsets[i]:offsets[i+1]), ``token_position`` int32 [T]. Each generation becomes one request (id =
-    ``example_index``); all rows are decode tokens. ``limit`` keeps the first N generations.
+    ``example_index``); all rows are decode tokens. ``limit`` keeps the first N generations; ``select`` keeps
+    the generations at these 0-based positions (in the given order), e.g. a stratified sample. ``weights=False``
+    drops the routing weights (about 3x smaller on disk).
     """
     src = Path(src)
     npz_path, meta_path = _gpt_oss_paths(src, "decode_routing.npz", "decode_routing_meta.jsonl")
@@ -185,11 +189,15 @@ def import_gpt_oss_npz(
         raise TraceError(f"{npz_path}: example_offsets must be a non-decreasing 1-D array starting at 0")
     if len(rows) != n_gen:
         raise TraceError(f"{meta_path}: {len(rows)} generations, but {npz_path.name} has {n_gen} (example_offsets)")
+    gens = np.arange(n_gen)
+    if select is not None:
+        gens = np.asarray(select, dtype=np.int64).ravel()
+        if len(gens) == 0 or gens.min() < 0 or gens.max() >= n_gen or len(np.unique(gens)) != len(gens):
+            raise TraceError(f"{npz_path}: select must be distinct generation indices in [0, {n_gen})")
     if limit is not None:
         if limit < 1:
             raise TraceError(f"--limit must be >= 1, got {limit}")
-        n_gen = min(n_gen, limit)
-    end = int(offsets[n_gen])
+        gens = gens[:limit]
     ids = _npz_array(z, npz_path, "expert_ids")
     probs = _npz_array(z, npz_path, "expert_probs")
     pos = _npz_array(z, npz_path, "token_position")
@@ -203,11 +211,13 @@ def import_gpt_oss_npz(
         raise TraceError(f"{npz_path}: token_position shape {pos.shape} does not match {ids.shape[0]} tokens")
     if int(offsets[-1]) != ids.shape[0]:
         raise TraceError(f"{npz_path}: example_offsets ends at {int(offsets[-1])}, expert_ids has {ids.shape[0]} rows")
-    ids, probs, pos = ids[:end], probs[:end], pos[:end]
+    rows_of = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in gens] or [np.zeros(0, np.int64)])
+    ids, probs, pos = ids[rows_of], probs[rows_of], pos[rows_of]
     _check_ids(ids, p.num_experts, f"{npz_path}: expert_ids")
 
     rids, doms, srcs, plen, glen = [], [], [], [], []
-    for i, r in enumerate(rows[:n_gen]):
+    for i in gens.tolist():
+        r = rows[i]
         try:
             ds, cat = str(r["dataset"]), str(r["category"])
             rid = int(r.get("example_index", i))
@@ -226,14 +236,15 @@ def import_gpt_oss_npz(
         glen.append(gen_len)
     if len(set(rids)) != len(rids):
         raise TraceError(f"{meta_path}: example_index values are not unique")
-    req_of_row = np.repeat(np.asarray(rids, np.int64), np.diff(offsets[: n_gen + 1]))
+    req_of_row = np.repeat(np.asarray(rids, np.int64), offsets[gens + 1] - offsets[gens])
+    end = len(rows_of)
 
     meta = TraceMeta(
         model=p.model, num_layers=p.num_layers, num_experts=p.num_experts, top_k=p.top_k,
         num_shared_experts=p.num_shared_experts, hidden_size=p.hidden_size,
-        moe_layer_map=list(range(p.num_layers)), has_weights=True,
+        moe_layer_map=list(range(p.num_layers)), has_weights=weights,
         source=f"gpt-oss-npz:{npz_path}",
-        extra={**_GPT_OSS_PROVENANCE, "importer": "gpt-oss-npz", "num_generations": n_gen,
+        extra={**_GPT_OSS_PROVENANCE, "importer": "gpt-oss-npz", "num_generations": len(gens),
                "domain_mapping": "moeplace.trace.importers.gpt_oss_domain"},
     )
     out_p = _prepare_out(out, npz_path)
@@ -242,7 +253,8 @@ def import_gpt_oss_npz(
         step = 1 << 16
         for s in range(0, end, step):
             sl = slice(s, min(end, s + step))
-            w.add_tokens(req_of_row[sl], pos[sl], np.full(sl.stop - s, DECODE, np.int8), ids[sl], probs[sl])
+            w.add_tokens(req_of_row[sl], pos[sl], np.full(sl.stop - s, DECODE, np.int8), ids[sl],
+                         probs[sl] if weights else None)
     return out_p
 
 
@@ -744,7 +756,7 @@ FORMATS: dict[str, ImportFormat] = {
     f.name: f
     for f in (
         ImportFormat("gpt-oss-npz", import_gpt_oss_npz, "gpt-oss-20b decode routing: DIR with decode_routing.npz "
-                     "+ decode_routing_meta.jsonl", False, ("limit",)),
+                     "+ decode_routing_meta.jsonl", False, ("limit", "weights")),
         ImportFormat("gpt-oss-summaries", import_gpt_oss_summaries, "gpt-oss-20b per-group expert frequencies: DIR "
                      "with domain_summaries.npz + domain_summaries_meta.json (counts-only)", True),
         ImportFormat("olmoe-npz", import_olmoe_npz, "OLMoE/Mixtral per-domain expert counts: olmoe-mixtral/"
