@@ -1,7 +1,97 @@
-"""``moeplace trace record``: filled in by the capture work (see moeplace.trace.capture)."""
+"""``moeplace trace record``: run prompts through a local Hugging Face MoE model and record its routing."""
+
+from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from moeplace.trace.capture import ROUTER_CLASSES, load_prompts, record_generate, trace_meta
+
+EPILOG = """examples:
+  moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
+  moeplace trace record --model reference --prompts builtin --max-new-tokens 32 --sample-every 2 ref.trace
+
+PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain" and "source" optional).
+Request ids are the line order (0, 1, ...); --sample-every n records the requests whose id hashes to 1 in n.
+Supported routers: """ + ", ".join(ROUTER_CLASSES) + " (see docs/CAPTURE.md)."
+
+
+def _reference():
+    try:
+        from moeplace.models import reference
+    except ImportError as e:
+        raise ValueError(f"the reference model is not available (moeplace.models.reference: {e})") from None
+    return reference
+
+
+def _load_model(spec: str, device: str, dtype: str):
+    import torch
+
+    if spec == "reference":
+        model, tokenizer = _reference().load_reference()
+        return model.to(device).eval(), tokenizer, "reference"
+    d = Path(spec)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch_dtype)
+    except (OSError, KeyError) as e:
+        raise ValueError(f"--model {spec}: cannot load a model and tokenizer from this directory ({e})") from None
+    return model.to(device).eval(), tokenizer, str(d)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.sample_every < 1:
+        raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
+    if args.prompts == "builtin":
+        rows = [dict(r, source="builtin") for r in _reference().builtin_prompts()]
+    else:
+        rows = load_prompts(args.prompts)
+    if args.model != "reference" and not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: not a directory (expected a local Hugging Face model directory "
+                         "or 'reference')")
+    model, tokenizer, name = _load_model(args.model, args.device, args.dtype)
+    meta = trace_meta(model, sample_every=args.sample_every, model_name=name)
+    default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
+    from moeplace.trace.store import TraceWriter
+
+    with TraceWriter(args.out, meta, overwrite=args.overwrite) as w:
+        s = record_generate(
+            model, tokenizer, [r["prompt"] for r in rows], w,
+            domains=[r.get("domain") or "unknown" for r in rows],
+            sources=[r.get("source") or default_source for r in rows],
+            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
+        )
+    print(f"recorded {s['requests']} requests ({s['prefill_tokens']} prefill + {s['decode_tokens']} decode tokens; "
+          f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}) in {s['seconds']:.1f} s -> {args.out}")
+    return 0
 
 
 def register(tsub: argparse._SubParsersAction) -> None:
     """Add the ``record`` subcommand to ``moeplace trace``."""
+    p = tsub.add_parser(
+        "record", help="record routing from a local Hugging Face MoE model",
+        description="Run prompts through model.generate (greedy, left-padded batches) and record every token's "
+                    "routed experts per MoE layer, with prefill and decode told apart.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="local Hugging Face model directory (loaded offline), or 'reference'")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help="JSONL prompt file, or 'builtin' (the reference prompt set)")
+    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N", help="tokens to generate per request")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="requests per generate call (default 8)")
+    p.add_argument("--sample-every", type=int, default=1, metavar="n",
+                   help="record 1 in n requests, chosen by request id (default 1: all)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights dtype (default auto: as saved)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
+    p.add_argument("out", metavar="OUT", help="trace directory to write")
+    p.set_defaults(func=cmd_record)

@@ -1,0 +1,622 @@
+"""Capture routing from live Hugging Face transformers MoE models through forward hooks on their routers.
+
+Shape legend: T = token rows, L = MoE layers, K = top-k, E = logical experts, B = sequences in a batch,
+S = token columns one forward processes per sequence, N = B * S router rows of one forward.
+
+In transformers 5.x every supported MoE block calls a router module that returns
+``(router_logits, topk_weights, topk_indices)`` and hands exactly ``topk_indices`` [N, K] and ``topk_weights``
+[N, K] to its experts module. A forward hook on each router therefore sees the routing the model executes, in
+router order, whatever the rule (softmax top-k, DeepSeek-V3's biased group-limited top-k, gpt-oss's top-k over
+logits). Supported router classes: :data:`ROUTER_CLASSES`; other ``*TopKRouter`` classes with the same contract
+are picked up too.
+
+Three levels of API:
+
+- :func:`trace_meta` builds the :class:`TraceMeta` of a model (L, E, K, shared experts, hidden size, MoE layer map).
+- :class:`RoutingRecorder` is a context manager that hooks the routers; bracket each batch with
+  :meth:`RoutingRecorder.begin_batch` / :meth:`RoutingRecorder.end_batch` around ``model.generate`` (or plain
+  forwards). :class:`NullRecorder` has the same methods and adds no hooks at all.
+- :func:`record_generate` runs prompts through ``model.generate`` in left-padded batches and writes a trace.
+
+Per forward the hooks only keep references (router outputs, the attention mask's last S columns); the
+conversion to numpy happens once per batch in ``end_batch``, which is where the host waits for the device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moeplace.trace.store import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta, TraceWriter
+
+ROUTER_CLASSES = (
+    "MixtralTopKRouter",
+    "Qwen2MoeTopKRouter",
+    "Qwen3MoeTopKRouter",
+    "OlmoeTopKRouter",
+    "DeepseekV3TopkRouter",
+    "GptOssTopKRouter",
+)
+_ROUTER_NAME = re.compile(r"Top[Kk]Router$")
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+# --------------------------------------------------------------------------------------------------- model inspection
+
+
+def find_routers(model: torch.nn.Module) -> list[tuple[int, str, torch.nn.Module]]:
+    """The router modules of ``model`` as ``(model_layer_index, module_name, module)``, in layer order.
+
+    A router is a module whose class is in :data:`ROUTER_CLASSES` or whose class name ends in ``TopKRouter``
+    (the transformers 5.x contract). Raises ValueError when the model has none.
+    """
+    found = []
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        if cls not in ROUTER_CLASSES and not _ROUTER_NAME.search(cls):
+            continue
+        m = _LAYER_INDEX.search(name)
+        if m is None:
+            raise ValueError(f"router {name!r} ({cls}): cannot tell its layer index from the module name")
+        found.append((int(m.group(1)), name, mod))
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__}: no MoE router found (supported router classes: {', '.join(ROUTER_CLASSES)})"
+        )
+    found.sort(key=lambda t: t[0])
+    layers = [t[0] for t in found]
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"{type(model).__name__}: several routers share a layer index ({layers})")
+    return found
+
+
+def _text_config(model: torch.nn.Module):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | None = None) -> TraceMeta:
+    """The :class:`TraceMeta` for routing captured from ``model`` (with ``has_weights=True``).
+
+    ``sample_every``: record 1 in n requests (sampling rate 1/n). ``model_name`` defaults to the name or path the
+    model was loaded from, else its class name. The MoE-layer map comes from the router module names, so dense
+    layers (DeepSeek-V3's ``first_k_dense_replace``, Qwen's ``mlp_only_layers``) are left out of L.
+    """
+    n = _check_sample_every(sample_every)
+    routers = find_routers(model)
+    e_k = {(int(r.num_experts), int(r.top_k)) for _, _, r in routers}
+    if len(e_k) != 1:
+        raise ValueError(f"{type(model).__name__}: routers disagree on (num_experts, top_k): {sorted(e_k)}")
+    (E, K), = e_k
+    cfg = _text_config(model)
+    shared = getattr(cfg, "n_shared_experts", None) or getattr(cfg, "num_shared_experts", None)
+    if shared is None:  # Qwen2-MoE: one gated shared expert when its intermediate size is nonzero
+        shared = 1 if getattr(cfg, "shared_expert_intermediate_size", 0) else 0
+    name = model_name or getattr(model.config, "name_or_path", "") or type(model).__name__
+    import transformers
+
+    return TraceMeta(
+        model=str(name),
+        num_layers=len(routers),
+        num_experts=E,
+        top_k=K,
+        num_shared_experts=int(shared),
+        hidden_size=getattr(cfg, "hidden_size", None),
+        moe_layer_map=[layer for layer, _, _ in routers],
+        sampling_rate=1.0 / n,
+        has_weights=True,
+        source=f"moeplace.trace.capture (transformers {transformers.__version__}, {type(model).__name__})",
+        extra={
+            "architecture": type(model).__name__,
+            "router_class": type(routers[0][2]).__name__,
+            "expert_weights": "top-k weights the router hands to the experts module (after any normalisation "
+                              "and scaling)",
+            "gen_len": "decode tokens fed through the model; the last generated token and tokens after EOS are not",
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------------- sampling
+
+
+def _check_sample_every(sample_every: int) -> int:
+    if isinstance(sample_every, bool) or not isinstance(sample_every, (int, np.integer)) or sample_every < 1:
+        raise ValueError(f"sample_every must be a positive integer (record 1 in n requests), got {sample_every!r}")
+    return int(sample_every)
+
+
+def sample_mask(request_ids: Sequence[int] | np.ndarray, sample_every: int) -> np.ndarray:
+    """Which requests are recorded when recording 1 in ``sample_every``: bool [R].
+
+    Deterministic in the request id alone (a splitmix64 hash modulo n), so the same request is always in or out,
+    whatever batch it lands in, and ids that follow a pattern (every 4th request a code prompt) are not aliased.
+    """
+    n = _check_sample_every(sample_every)
+    rid = np.asarray(request_ids, dtype=np.int64).astype(np.uint64)
+    if n == 1:
+        return np.ones(rid.shape, dtype=bool)
+    with np.errstate(over="ignore"):
+        z = rid + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(n)) == 0
+
+
+# --------------------------------------------------------------------------------------------------- recorder
+
+
+@dataclass
+class CapturedBatch:
+    """What one batch produced: token rows of the sampled requests and their request rows."""
+
+    tokens: TokenChunk  # rows ordered by forward, then sequence, then position
+    request_id: np.ndarray  # int64 [R] sampled requests of the batch
+    domain: list[str]  # [R]
+    source: list[str]  # [R]
+    prompt_len: np.ndarray  # int32 [R]: prefill rows (prompt tokens without padding)
+    gen_len: np.ndarray  # int32 [R]: decode rows
+
+
+@dataclass
+class _Step:
+    """One forward of the top-level model: device tensors, converted in end_batch."""
+
+    ids: torch.Tensor  # int16 [L, N, K]
+    weights: torch.Tensor | None  # float16 [L, N, K]
+    tokens: torch.Tensor | None  # int64 [B, S] input ids (None when the forward got inputs_embeds)
+    real: torch.Tensor | None  # bool [B, S] attention mask of the new columns (None: all real)
+    position: torch.Tensor | None  # int32 [B, S] index of each new column in its unpadded sequence
+    width: int  # S
+
+
+class RoutingRecorder:
+    """Record per-token routing of a transformers MoE model while it runs.
+
+    Use as a context manager (hooks are attached on enter and removed on exit)::
+
+        meta = trace_meta(model)
+        with TraceWriter("out.trace", meta) as w, RoutingRecorder(model, writer=w) as rec:
+            rec.begin_batch([7, 8], domains=["code", "math"], prompt_width=enc.input_ids.shape[1])
+            out = model.generate(**enc, max_new_tokens=16)
+            rec.end_batch(out)          # rows of requests 7 and 8 (real tokens only) go to the writer
+
+    Columns of the batch below ``prompt_width`` are prefill, later ones decode (default: the first forward is the
+    prefill). Rows are kept for real tokens only (``attention_mask`` == 1); a decode token equal to an EOS id and
+    everything after it in that sequence are dropped (a serving engine stops the request there), and so is a token
+    the forwards fed that ``sequences`` does not contain. Forwards outside begin/end are not recorded.
+
+    ``sample_every``: record 1 in n requests (:func:`sample_mask`); a batch with no sampled request costs one
+    Python check per hook. ``record_weights=False`` skips the top-k weights.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        writer: TraceWriter | None = None,
+        sample_every: int = 1,
+        record_weights: bool = True,
+        eos_token_id: int | Sequence[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.routers = find_routers(model)
+        self.num_layers = len(self.routers)
+        self.sample_every = _check_sample_every(sample_every)
+        self.record_weights = record_weights
+        self.writer = writer
+        if writer is not None:
+            meta = trace_meta(model, sample_every)
+            wm = writer.meta
+            if (wm.num_layers, wm.num_experts, wm.top_k) != (meta.num_layers, meta.num_experts, meta.top_k):
+                raise ValueError(
+                    f"writer metadata (L={wm.num_layers}, E={wm.num_experts}, k={wm.top_k}) does not match the "
+                    f"model (L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k})"
+                )
+            if wm.has_weights and not record_weights:
+                raise ValueError("writer metadata has has_weights=True but record_weights=False")
+        eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        self.eos_token_ids = np.asarray(list(eos), dtype=np.int64)
+        self._handles: list = []
+        self._active = False
+        self._batch: dict | None = None
+        self._steps: list[_Step] = []
+        self._cur_ids: list[torch.Tensor | None] = [None] * self.num_layers
+        self._cur_w: list[torch.Tensor | None] = [None] * self.num_layers
+        self._cur_inputs: tuple | None = None
+
+    # -- hooks
+    def attach(self) -> RoutingRecorder:
+        """Register the hooks (one per router plus a pre- and post-hook on the top-level model)."""
+        if self._handles:
+            return self
+        for slot, (_, _, router) in enumerate(self.routers):
+            self._handles.append(router.register_forward_hook(self._router_hook(slot)))
+        self._handles.append(self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
+        self._handles.append(self.model.register_forward_hook(self._post_forward))
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook this recorder added."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __enter__(self) -> RoutingRecorder:
+        return self.attach()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.detach()
+        self._active = False
+        self._batch = None
+        self._steps = []
+
+    def _router_hook(self, slot: int):
+        ids_of, w_of = self._cur_ids, self._cur_w
+
+        def hook(module, args, out):
+            if not self._active:
+                return
+            if not (isinstance(out, tuple) and len(out) == 3):
+                raise TraceError(
+                    f"{type(module).__name__}: expected the router to return (logits, topk_weights, topk_indices)"
+                )
+            ids_of[slot] = out[2]
+            w_of[slot] = out[1]
+
+        return hook
+
+    def _pre_forward(self, module, args, kwargs) -> None:
+        if not self._active:
+            return
+        for i in range(self.num_layers):
+            self._cur_ids[i] = self._cur_w[i] = None
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        self._cur_inputs = (tokens, kwargs.get("attention_mask"))
+
+    @torch.no_grad()
+    def _post_forward(self, module, args, out) -> None:
+        if not self._active or self._cur_inputs is None:
+            return
+        if any(t is None for t in self._cur_ids):
+            missing = [self.routers[i][1] for i, t in enumerate(self._cur_ids) if t is None]
+            raise TraceError(f"routers {missing} did not run in this forward; cannot record routing")
+        ids = torch.stack(self._cur_ids).to(torch.int16)  # [L, N, K]
+        w = torch.stack(self._cur_w).detach().to(torch.float16) if self.record_weights else None
+        tokens, mask = self._cur_inputs
+        self._cur_inputs = None
+        B = self._batch["n"]
+        if ids.shape[1] % B:
+            raise TraceError(f"a forward routed {ids.shape[1]} rows, not a multiple of the batch's {B} sequences "
+                             "(beam search and num_return_sequences > 1 are not supported)")
+        S = ids.shape[1] // B
+        real = pos = None
+        if mask is not None:
+            if mask.dim() != 2 or mask.shape[0] != B:
+                raise TraceError(f"attention_mask of shape {tuple(mask.shape)}: expected 2-D [{B}, columns]")
+            real = mask[:, -S:] != 0
+            pos = (mask.cumsum(-1)[:, -S:] - 1).to(torch.int32)
+        if tokens is not None:
+            tokens = tokens[:, -S:].clone()  # a view would keep generate's whole [B, columns] tensor alive
+        self._steps.append(_Step(ids, w, tokens, real, pos, S))
+        for i in range(self.num_layers):
+            self._cur_ids[i] = self._cur_w[i] = None
+
+    # -- batches
+    def begin_batch(
+        self,
+        request_ids: Sequence[int] | np.ndarray,
+        domains: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        prompt_width: int | None = None,
+    ) -> None:
+        """Start recording a batch whose sequences are the requests ``request_ids`` [B], in batch order.
+
+        ``prompt_width``: padded prompt length (columns of the prefill); default: the first forward's columns.
+        """
+        if self._batch is not None:
+            raise TraceError("begin_batch: the previous batch was not ended (call end_batch first)")
+        rid = np.asarray(request_ids, dtype=np.int64).reshape(-1)
+        if len(rid) == 0:
+            raise ValueError("begin_batch: request_ids is empty")
+        if len(np.unique(rid)) != len(rid):
+            raise ValueError(f"begin_batch: request_ids repeat within the batch: {rid.tolist()}")
+        n = len(rid)
+        dom = ["unknown"] * n if domains is None else [str(d) for d in domains]
+        src = [""] * n if sources is None else [str(s) for s in sources]
+        if len(dom) != n or len(src) != n:
+            raise ValueError(f"begin_batch: domains/sources need {n} entries like request_ids")
+        if prompt_width is not None and prompt_width < 1:
+            raise ValueError(f"begin_batch: prompt_width must be >= 1, got {prompt_width}")
+        keep = sample_mask(rid, self.sample_every)
+        self._batch = dict(n=n, rid=rid, domain=dom, source=src, keep=keep, prompt_width=prompt_width)
+        self._steps = []
+        self._cur_inputs = None
+        self._active = bool(keep.any()) and bool(self._handles)
+
+    def end_batch(self, sequences: torch.Tensor | np.ndarray | None = None) -> CapturedBatch | None:
+        """Finish the batch: convert the recorded forwards to token rows (and write them if a writer was given).
+
+        ``sequences`` [B, columns]: what ``generate`` returned; when given, a decode token is kept only if the
+        output holds it and a later token was generated from it. Returns None when no request was sampled.
+        """
+        if self._batch is None:
+            raise TraceError("end_batch: no batch in progress (call begin_batch first)")
+        batch, steps = self._batch, self._steps
+        self._batch, self._steps, self._active = None, [], False
+        if not batch["keep"].any():
+            return None
+        if not self._handles:
+            raise TraceError("end_batch: the recorder is not attached (use it as a context manager)")
+        seqs = None
+        if sequences is not None:
+            seqs = (sequences.detach().cpu().numpy() if isinstance(sequences, torch.Tensor)
+                    else np.asarray(sequences))
+            if seqs.ndim != 2 or seqs.shape[0] != batch["n"]:
+                raise ValueError(f"end_batch: sequences of shape {seqs.shape}, expected [{batch['n']}, columns]")
+        cb = self._rows(batch, steps, seqs)
+        if self.writer is not None:
+            self.writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
+            t = cb.tokens
+            self.writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
+                                   t.expert_weights if self.writer.meta.has_weights else None)
+        return cb
+
+    def _rows(self, batch: dict, steps: list[_Step], seqs: np.ndarray | None) -> CapturedBatch:
+        # The host waits for the device here (one copy per recorded tensor).
+        B, L = batch["n"], self.num_layers
+        width = batch["prompt_width"] or (steps[0].width if steps else 0)
+        finished = np.zeros(B, dtype=bool)
+        keep_req = batch["keep"]
+        col0 = 0
+        parts_rid, parts_pos, parts_ph, parts_ids, parts_w = [], [], [], [], []
+        n_pre = np.zeros(B, np.int64)
+        n_dec = np.zeros(B, np.int64)
+        for st in steps:
+            S = st.width
+            cols = col0 + np.arange(S)  # [S] column of each new token in the padded batch
+            col0 += S
+            real = np.ones((B, S), bool) if st.real is None else st.real.cpu().numpy()
+            if st.position is None:  # no attention mask: nothing is padding, positions are columns
+                pos = np.broadcast_to(cols[None, :], (B, S)).astype(np.int32)
+            else:
+                pos = st.position.cpu().numpy()
+            decode = cols >= width  # [S]
+            keep = real & keep_req[:, None]
+            tokens = None if st.tokens is None else st.tokens.cpu().numpy()
+            if decode.any():
+                if seqs is not None:
+                    fed_ok = cols < seqs.shape[1] - 1  # the last output token is never fed back
+                    keep &= fed_ok[None, :] | ~decode[None, :]
+                    if tokens is not None:
+                        inside = cols < seqs.shape[1]
+                        if not np.array_equal(tokens[:, inside], seqs[:, cols[inside]]):
+                            raise TraceError("end_batch: the tokens fed to the model differ from `sequences` "
+                                             "(beam search or reordered outputs are not supported)")
+                if tokens is not None and len(self.eos_token_ids):
+                    for j in np.flatnonzero(decode):  # S is 1 per decode forward of generate
+                        finished |= np.isin(tokens[:, j], self.eos_token_ids)
+                        keep[:, j] &= ~finished
+            b_idx, j_idx = np.nonzero(keep)  # row-major: sequence, then column
+            if len(b_idx) == 0:
+                continue
+            phase = np.where(decode[j_idx], DECODE, PREFILL).astype(np.int8)
+            np.add.at(n_pre, b_idx[phase == PREFILL], 1)
+            np.add.at(n_dec, b_idx[phase == DECODE], 1)
+            flat = b_idx * S + j_idx  # router row of each kept token
+            ids = st.ids.cpu().numpy()  # [L, N, K]
+            parts_ids.append(ids[:, flat].transpose(1, 0, 2))
+            if st.weights is not None:
+                parts_w.append(st.weights.cpu().numpy()[:, flat].transpose(1, 0, 2))
+            parts_rid.append(batch["rid"][b_idx])
+            parts_pos.append(pos[b_idx, j_idx].astype(np.int32))
+            parts_ph.append(phase)
+        K = steps[0].ids.shape[2] if steps else self.routers[0][2].top_k
+        if parts_rid:
+            chunk = TokenChunk(
+                np.concatenate(parts_rid), np.concatenate(parts_pos), np.concatenate(parts_ph),
+                np.concatenate(parts_ids).astype(np.int16),
+                np.concatenate(parts_w).astype(np.float16) if self.record_weights else None,
+            )
+        else:
+            chunk = TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8),
+                               np.zeros((0, L, K), np.int16),
+                               np.zeros((0, L, K), np.float16) if self.record_weights else None)
+        sel = np.flatnonzero(keep_req)
+        return CapturedBatch(
+            tokens=chunk,
+            request_id=batch["rid"][sel],
+            domain=[batch["domain"][i] for i in sel],
+            source=[batch["source"][i] for i in sel],
+            prompt_len=n_pre[sel].astype(np.int32),
+            gen_len=n_dec[sel].astype(np.int32),
+        )
+
+
+class NullRecorder:
+    """The no-op twin of :class:`RoutingRecorder`: same methods, no hooks, nothing recorded, no cost."""
+
+    def __init__(self, model: torch.nn.Module | None = None, *args, **kwargs) -> None:
+        self.model = model
+
+    def attach(self) -> NullRecorder:
+        return self
+
+    def detach(self) -> None:
+        pass
+
+    def __enter__(self) -> NullRecorder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        pass
+
+    def begin_batch(self, request_ids, domains=None, sources=None, prompt_width=None) -> None:
+        pass
+
+    def end_batch(self, sequences=None) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------- generate
+
+
+def _resolve_eos(model: torch.nn.Module, tokenizer, eos_token_id) -> list[int]:
+    if eos_token_id is None:
+        gc = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None) if gc is not None else None
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, (int, np.integer)) else [int(e) for e in eos_token_id]
+
+
+def _tokenize(tokenizer, prompts: Sequence) -> list[list[int]]:
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ValueError(f"prompt {i} is text but no tokenizer was given (pass a tokenizer or token ids)")
+            ids = tokenizer(p)["input_ids"]
+        else:
+            ids = p.tolist() if isinstance(p, (np.ndarray, torch.Tensor)) else list(p)
+        if len(ids) == 0:
+            raise ValueError(f"prompt {i} is empty after tokenization")
+        out.append([int(t) for t in ids])
+    return out
+
+
+def record_generate(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    writer: TraceWriter,
+    domains: Sequence[str] | None = None,
+    request_ids: Sequence[int] | None = None,
+    sources: Sequence[str] | None = None,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    eos_token_id: int | Sequence[int] | None = None,
+    generate_kwargs: dict | None = None,
+    progress: bool = False,
+) -> dict:
+    """Run ``prompts`` through ``model.generate`` in left-padded batches and write their routing to ``writer``.
+
+    ``prompts`` [R]: texts (tokenized with ``tokenizer``) or token id lists (``tokenizer`` may be None).
+    ``domains``/``sources`` [R] tag the request rows (default "unknown" / ""); ``request_ids`` [R] default 0..R-1.
+    The sampling rate is ``writer.meta.sampling_rate`` (build it with ``trace_meta(model, sample_every=n)``):
+    requests that are not sampled are not generated at all. Decoding is greedy unless ``generate_kwargs`` says
+    otherwise; EOS defaults to the model's generation config, else the tokenizer's.
+    Returns a summary: requests, prefill_tokens, decode_tokens, seconds.
+    """
+    R = len(prompts)
+    if R == 0:
+        raise ValueError("record_generate: no prompts")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    rids = np.arange(R, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
+    dom = ["unknown"] * R if domains is None else list(domains)
+    src = [""] * R if sources is None else list(sources)
+    for name, v in (("request_ids", rids), ("domains", dom), ("sources", src)):
+        if len(v) != R:
+            raise ValueError(f"record_generate: {name} has {len(v)} entries, prompts has {R}")
+    if len(np.unique(rids)) != R:
+        raise ValueError("record_generate: request_ids repeat")
+    rate = float(writer.meta.sampling_rate)
+    sample_every = int(round(1.0 / rate))
+    if abs(1.0 / sample_every - rate) > 1e-9:
+        raise ValueError(f"writer sampling_rate {rate} is not 1/n for an integer n")
+    chosen = np.flatnonzero(sample_mask(rids, sample_every))
+    ids = _tokenize(tokenizer, [prompts[i] for i in chosen])
+    eos = _resolve_eos(model, tokenizer, eos_token_id)
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    if pad is None:
+        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    device = next(model.parameters()).device
+    gen_kw = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                  eos_token_id=eos if eos else None)
+    gen_kw.update(generate_kwargs or {})
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(chosen), unit="req", desc="recording")
+    n_pre = n_dec = 0
+    t0 = time.perf_counter()
+    try:
+        with RoutingRecorder(model, writer=writer, sample_every=sample_every, eos_token_id=eos) as rec:
+            for s in range(0, len(chosen), batch_size):
+                idx = chosen[s:s + batch_size]
+                toks = ids[s:s + batch_size]
+                width = max(len(t) for t in toks)
+                inp = torch.full((len(toks), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(toks), width), dtype=torch.long)
+                for b, t in enumerate(toks):  # left padding: the prompt ends at the last column
+                    inp[b, width - len(t):] = torch.tensor(t)
+                    mask[b, width - len(t):] = 1
+                rec.begin_batch(rids[idx], [dom[i] for i in idx], [src[i] for i in idx], prompt_width=width)
+                with torch.no_grad():
+                    out = model.generate(input_ids=inp.to(device), attention_mask=mask.to(device), **gen_kw)
+                seqs = out.sequences if hasattr(out, "sequences") else out
+                cb = rec.end_batch(seqs)
+                n_pre += int(cb.prompt_len.sum())
+                n_dec += int(cb.gen_len.sum())
+                if bar is not None:
+                    bar.update(len(idx))
+    finally:
+        if bar is not None:
+            bar.close()
+    return dict(requests=int(len(chosen)), prefill_tokens=n_pre, decode_tokens=n_dec,
+                seconds=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------------- prompt files
+
+
+def load_prompts(path: str | os.PathLike) -> list[dict]:
+    """Read a JSONL prompt file: one ``{"prompt": str, "domain": str (optional), "source": str (optional)}`` a line.
+
+    Blank lines are skipped. Raises ValueError naming the file and line for anything else.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p}: no such prompts file")
+    if not p.is_file():
+        raise ValueError(f"{p}: not a file (expected JSONL with one {{\"prompt\": ...}} per line)")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text ({e})") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{n}: invalid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{p}:{n}: expected a JSON object like {{\"prompt\": ..., \"domain\": ...}}")
+        if "prompt" not in obj:
+            raise ValueError(f"{p}:{n}: missing \"prompt\" key")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise ValueError(f"{p}:{n}: \"prompt\" must be a non-empty string, got {obj['prompt']!r}")
+        for key in ("domain", "source"):
+            if key in obj and not isinstance(obj[key], str):
+                raise ValueError(f"{p}:{n}: \"{key}\" must be a string, got {obj[key]!r}")
+        rows.append({"prompt": obj["prompt"], "domain": obj.get("domain", "unknown"), "source": obj.get("source")})
+    if not rows:
+        raise ValueError(f"{p}: no prompts (empty file)")
+    return rows
