@@ -13,6 +13,7 @@ import sys
 COMMAND_MODULES = (
     "moeplace.cli.demo_cmd",
     "moeplace.cli.trace_cmd",
+    "moeplace.cli.analyze_cmd",
 )
 
 EPILOG = """examples:
