@@ -18,6 +18,7 @@ per-call state. Bytes actually handed to ``all_to_all_single`` are added to a :c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,7 +162,7 @@ class Dispatcher:
         out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(recv_splits),
                                input_split_sizes=list(send_splits), group=self.group)
-        row_bytes = x.element_size() * (x[0].numel() if x.dim() > 1 else 1)
+        row_bytes = x.element_size() * math.prod(x.shape[1:])
         if stage == "meta":
             self.recorder.add_meta(send_splits, row_bytes)
         else:

@@ -1,0 +1,278 @@
+"""Emulated nodes: one Linux network namespace per node, joined through a bridge, with shaped inter-node links.
+
+Layout of a cluster named ``NAME`` with N nodes (nothing is created in the host's own namespace)::
+
+    NAME-br   namespace holding bridge ``br0`` and one veth end ``n<i>`` per node
+    NAME-n<i> namespace of node i: veth end ``mp0`` at 10.77.0.<i+1>/24, and ``lo``
+
+Every rank of node i runs inside ``NAME-n<i>`` (``ip netns exec``); ranks of one node talk over that namespace's
+own stack (no shaping: the fast intra-node link), ranks of different nodes through the bridge. Each node's veth is
+shaped in both directions (``tbf`` on ``mp0`` egress and on ``n<i>`` egress): ``inter_gbit`` is a node's link
+rate, shared by its G ranks. ``inter_delay_ms`` adds ``netem`` delay when the kernel has it, else the cluster
+says it was skipped. Traffic only ever flows between namespaces this module created (10.77.0.0/24 is private
+to them).
+
+Bring-up is idempotent (same configuration: reused; different: rebuilt), a failure half-way removes what was
+built, and :func:`cluster_down` removes every namespace of the name. :func:`emulated_cluster` is a context
+manager for one run that always cleans up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SUBNET_PREFIX = "10.77.0."  # addresses inside our namespaces only
+NODE_IFNAME = "mp0"  # the veth end inside each node namespace (GLOO_SOCKET_IFNAME)
+MAX_NODES = 250
+STATE_DIR = Path("/run/moeplace")
+
+
+class NetnsUnavailable(RuntimeError):
+    """This machine does not let us build namespaces (not root, no iproute2, netns not permitted)."""
+
+
+class NetnsError(RuntimeError):
+    """A namespace command failed while building or removing an emulated cluster."""
+
+
+@dataclass(frozen=True)
+class EmulatedCluster:
+    """An emulated cluster: where each rank runs and how to reach rank 0. ``mode`` is "netns" or "loopback"."""
+
+    name: str  # namespace prefix
+    num_nodes: int  # N
+    gpus_per_node: int  # G
+    inter_gbit: float | None = None  # shaped rate of each node's link (None: unshaped)
+    inter_delay_ms: float | None = None  # requested one-way delay on each node's link
+    delay_applied: bool = False  # whether netem delay is in place
+    mode: str = "netns"  # "netns": one namespace per node; "loopback": all ranks in the host's namespace
+    note: str = ""  # why we fell back, or what was skipped
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def node_ns(self, node: int) -> str:
+        return f"{self.name}-n{node}"
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"{self.name}-br"
+
+    def addr(self, node: int) -> str:
+        return f"{SUBNET_PREFIX}{node + 1}"
+
+    def rank_netns(self) -> list[str | None]:
+        """Namespace of each rank [W] (None for loopback mode)."""
+        if self.mode != "netns":
+            return [None] * self.world_size
+        return [self.node_ns(r // self.gpus_per_node) for r in range(self.world_size)]
+
+    @property
+    def master_addr(self) -> str:
+        return self.addr(0) if self.mode == "netns" else "127.0.0.1"
+
+    @property
+    def socket_ifname(self) -> str:
+        return NODE_IFNAME if self.mode == "netns" else "lo"
+
+    def launch_kwargs(self) -> dict:
+        """Keyword arguments for :func:`moeplace.run.launch.launch` and :func:`moeplace.run.replay.replay`."""
+        return dict(netns=self.rank_netns(), master_addr=self.master_addr, socket_ifname=self.socket_ifname)
+
+
+def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode:
+        raise NetnsError(f"`{' '.join(cmd)}` failed: {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def check_support() -> str | None:
+    """None when namespaces can be built here, else the reason they cannot (for the user)."""
+    if os.name != "posix" or not Path("/proc/self/ns/net").exists():
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "building network namespaces needs root (run as root, or use plain loopback)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found: install iproute2 (apt-get install -y iproute2)"
+    probe = f"moeplace-probe-{os.getpid()}"
+    p = _run(["ip", "netns", "add", probe], check=False)
+    if p.returncode:
+        return f"network namespaces not permitted here: {(p.stderr or p.stdout).strip()}"
+    _run(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def list_namespaces(name: str) -> list[str]:
+    """Namespaces that belong to cluster ``name`` (``NAME-br``, ``NAME-n<i>``)."""
+    if shutil.which("ip") is None:
+        return []
+    p = _run(["ip", "netns", "list"], check=False)
+    out = []
+    for line in p.stdout.splitlines():
+        ns = line.split()[0] if line.strip() else ""
+        if ns == f"{name}-br" or (ns.startswith(f"{name}-n") and ns[len(name) + 2:].isdigit()):
+            out.append(ns)
+    return sorted(out)
+
+
+def _state_file(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > 40 or not all(c.isalnum() or c in "-_" for c in name):
+        raise ValueError(f"cluster name {name!r}: expected 1-40 letters, digits, '-' or '_'")
+
+
+def load_cluster(name: str) -> EmulatedCluster | None:
+    """The cluster ``name`` as ``cluster up`` left it, or None when it is not up."""
+    f = _state_file(name)
+    if not f.exists():
+        return None
+    try:
+        c = EmulatedCluster(**json.loads(f.read_text()))
+    except (ValueError, TypeError):
+        return None
+    if c.mode == "netns" and len(list_namespaces(name)) != c.num_nodes + 1:
+        return None
+    return c
+
+
+def _tc_shape(ns: str, dev: str, gbit: float | None, delay_ms: float | None) -> bool:
+    """Shape ``dev``'s egress in ``ns``: netem delay (if asked and available) then tbf rate. Returns delay_applied."""
+    applied = False
+    parent = ["root"]
+    if delay_ms:
+        p = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+                  "delay", f"{delay_ms}ms"], check=False)
+        if p.returncode == 0:
+            applied, parent = True, ["parent", "1:1"]
+    if gbit:
+        rate_bps = gbit * 1e9
+        burst = max(32 * 1024, int(rate_bps / 8 / 250))  # at least one kernel tick (HZ >= 250) of data
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
+              "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "200ms"])
+    return applied
+
+
+def cluster_up(num_nodes: int, gpus_per_node: int, inter_gbit: float | None = None,
+               inter_delay_ms: float | None = None, name: str = "moeplace",
+               fallback: bool = True) -> EmulatedCluster:
+    """Build (or reuse) the emulated cluster; returns it. Idempotent.
+
+    When namespaces are not possible here and ``fallback`` is set, returns a ``mode="loopback"`` cluster whose
+    ``note`` says why (all ranks on the host's loopback, links unshaped); else raises :class:`NetnsUnavailable`.
+    """
+    _check_name(name)
+    if not 1 <= num_nodes <= MAX_NODES:
+        raise ValueError(f"cluster up: nodes must be in [1, {MAX_NODES}], got {num_nodes}")
+    if gpus_per_node < 1:
+        raise ValueError(f"cluster up: gpus per node must be >= 1, got {gpus_per_node}")
+    for what, v in (("inter_gbit", inter_gbit), ("inter_delay_ms", inter_delay_ms)):
+        if v is not None and not v > 0:
+            raise ValueError(f"cluster up: {what} must be > 0, got {v}")
+    reason = check_support()
+    if reason:
+        if not fallback:
+            raise NetnsUnavailable(reason)
+        return EmulatedCluster(name, num_nodes, gpus_per_node, inter_gbit, inter_delay_ms, False, "loopback",
+                               f"{reason}; falling back to a single namespace (plain loopback, unshaped links)")
+    old = load_cluster(name)
+    if old is not None and (old.num_nodes, old.gpus_per_node, old.inter_gbit, old.inter_delay_ms) == (
+            num_nodes, gpus_per_node, inter_gbit, inter_delay_ms):
+        return old  # already up as asked
+    cluster_down(name)
+    c = EmulatedCluster(name, num_nodes, gpus_per_node, inter_gbit, inter_delay_ms)
+    try:
+        br = c.bridge_ns
+        _run(["ip", "netns", "add", br])
+        _run(["ip", "-n", br, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", br, "link", "set", "br0", "up"])
+        delay_ok = True
+        for n in range(num_nodes):
+            ns = c.node_ns(n)
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "-n", br, "link", "add", f"n{n}", "type", "veth", "peer", "name", NODE_IFNAME, "netns", ns])
+            _run(["ip", "-n", br, "link", "set", f"n{n}", "master", "br0", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{c.addr(n)}/24", "dev", NODE_IFNAME])
+            _run(["ip", "-n", ns, "link", "set", NODE_IFNAME, "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            if num_nodes > 1:
+                delay_ok &= _tc_shape(ns, NODE_IFNAME, inter_gbit, inter_delay_ms)
+                delay_ok &= _tc_shape(br, f"n{n}", inter_gbit, inter_delay_ms)
+        applied = bool(inter_delay_ms) and delay_ok and num_nodes > 1
+        note = ""
+        if inter_delay_ms and not applied:
+            note = ("netem qdisc not available in this kernel: inter-node delay not applied (rate shaping only)"
+                    if num_nodes > 1 else "one node: no inter-node link to delay")
+        c = EmulatedCluster(name, num_nodes, gpus_per_node, inter_gbit, inter_delay_ms, applied, "netns", note)
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = _state_file(name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(c)) + "\n")
+        os.replace(tmp, _state_file(name))
+        return c
+    except BaseException:
+        cluster_down(name)  # never leave half a cluster behind
+        raise
+
+
+def cluster_down(name: str = "moeplace") -> list[str]:
+    """Remove every namespace of cluster ``name`` and its state; returns the namespaces removed. Idempotent."""
+    _check_name(name)
+    removed = []
+    for ns in list_namespaces(name):
+        _kill_namespace_processes(ns)
+        p = _run(["ip", "netns", "del", ns], check=False)
+        if p.returncode == 0:
+            removed.append(ns)
+    left = list_namespaces(name)
+    _state_file(name).unlink(missing_ok=True)
+    if left:
+        raise NetnsError(f"cluster down: could not remove namespaces {left}")
+    return removed
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    """Stop processes still running inside ``ns`` (ranks of an interrupted run) so the namespace can go."""
+    p = _run(["ip", "netns", "pids", ns], check=False)
+    for pid in p.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@contextmanager
+def emulated_cluster(num_nodes: int, gpus_per_node: int, inter_gbit: float | None = None,
+                     inter_delay_ms: float | None = None, name: str | None = None,
+                     fallback: bool = True) -> Iterator[EmulatedCluster]:
+    """A private emulated cluster for the duration of a ``with`` block; removed on exit, error or SIGTERM."""
+    name = name or f"mp{os.getpid()}"
+    c = cluster_up(num_nodes, gpus_per_node, inter_gbit, inter_delay_ms, name=name, fallback=fallback)
+    old = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):  # turn SIGTERM into an exception so the finally below runs
+        raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not the main thread: keep the current handler
+        old = None
+    try:
+        yield c
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+        if c.mode == "netns":
+            cluster_down(name)
