@@ -13,7 +13,10 @@ import sys
 COMMAND_MODULES = (
     "moeplace.cli.demo_cmd",
     "moeplace.cli.trace_cmd",
+    "moeplace.cli.synth_cmd",
+    "moeplace.cli.simulate_cmd",
     "moeplace.cli.analyze_cmd",
+    "moeplace.cli.run_cmd",
 )
 
 EPILOG = """examples:

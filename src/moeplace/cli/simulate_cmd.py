@@ -1,0 +1,87 @@
+"""``moeplace simulate``: replay a trace on a plan and report what it costs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from moeplace.placement import Cluster, Plan
+from moeplace.simulate import RULES, BatchConfig, CostConfig, simulate
+
+
+def _cluster(args: argparse.Namespace) -> Cluster | None:
+    if args.cluster is None:
+        return None
+    from moeplace.presets import cluster_from_spec
+
+    return cluster_from_spec(args.cluster, args.cluster_preset)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan) if args.plan else None
+    cluster = _cluster(args)
+    if plan is None and cluster is None:
+        raise ValueError("give --plan PLAN.json or --cluster NxG (default linear placement)")
+    if plan is not None and args.redundant:
+        raise ValueError("--redundant applies to the default linear placement only, not to --plan")
+    cost = CostConfig(hidden_size=args.hidden_size, dispatch_bytes=args.dispatch_bytes,
+                      combine_bytes=args.combine_bytes)
+    batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
+    res = simulate(args.trace, plan, cluster, cost, batching, rule=args.rule, num_redundant=args.redundant,
+                   chunk_tokens=args.chunk_tokens, progress=args.progress)
+    j = res.to_json()
+    if args.json:
+        res.save_json(args.json)
+    tag = " [SYNTHETIC workload]" if j["synthetic"] else ""
+    print(f"simulated {args.trace}{tag} on {res.cluster.spec()} ({j['plan_strategy']}, rule {res.rule})")
+    for ph in ("prefill", "decode"):
+        p = j[ph]
+        print(f"  {ph:8s} tokens {p['num_tokens']:>10,}  micro-batches {p['num_microbatches']:>7,}  "
+              f"inter-node {p['inter_node_bytes']['total'] / 1e9:10.4f} GB  "
+              f"(two-hop {p['two_hop_inter_node_bytes']['total'] / 1e9:.4f})  "
+              f"intra-node {p['intra_node_bytes']['total'] / 1e9:9.4f} GB  "
+              f"LAR {p['local_activation_rate']['total']:.3f}  balancedness {p['balancedness']['total']:.3f}  "
+              f"MoE time/mb {p['layer_time_s']['median_microbatch'] * 1e3:.3f} ms")
+    if args.json:
+        print(f"wrote {args.json}")
+    elif args.print_json:
+        json.dump(j, sys.stdout, indent=1)
+        print()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a trace on a placement and grouping: bytes, balance, locality, time",
+        description="Replay a per-token trace on a plan (placement + request homes) and report sends and bytes "
+                    "(intra-GPU, intra-node, inter-node; per-GPU and two-hop dedup), load balance, local "
+                    "activation rate and alpha-beta layer time, prefill and decode apart (docs/SIMULATOR.md).",
+        epilog="examples:\n  moeplace simulate t.trace --cluster 4x8 --json sim.json\n"
+               "  moeplace simulate t.trace --plan plan.json --json sim.json\n"
+               "  moeplace simulate t.trace --cluster 4 --cluster-preset h200-8 --redundant 32",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", help="trace directory (per-token)")
+    p.add_argument("--plan", help="plan JSON from `moeplace plan` (default: linear placement, round-robin homes)")
+    p.add_argument("--cluster", help="NODESxGPUS (e.g. 4x8) or a cluster preset name; with --cluster-preset, "
+                   "the number of nodes")
+    p.add_argument("--cluster-preset", help="links and GPU speed from a preset (see docs/PRESETS.md)")
+    p.add_argument("--redundant", type=int, default=0, help="redundant slots for the default linear placement")
+    p.add_argument("--rule", choices=RULES, default=RULES[0], help="replica choice rule (default: %(default)s)")
+    d = CostConfig()
+    p.add_argument("--hidden-size", type=int, default=None, help="elements per token vector (default: trace meta)")
+    p.add_argument("--dispatch-bytes", type=float, default=d.dispatch_bytes,
+                   help="bytes per element sent by dispatch (default: %(default)s = fp8)")
+    p.add_argument("--combine-bytes", type=float, default=d.combine_bytes,
+                   help="bytes per element returned by combine (default: %(default)s = bf16)")
+    b = BatchConfig()
+    p.add_argument("--decode-batch", type=int, default=b.decode_batch,
+                   help="requests per decode window (default: %(default)s)")
+    p.add_argument("--prefill-tokens", type=int, default=b.prefill_tokens,
+                   help="prefill micro-batch token budget (default: %(default)s)")
+    p.add_argument("--chunk-tokens", type=int, default=16384, help="tokens read per chunk (memory bound)")
+    p.add_argument("--json", help="write the full result JSON here")
+    p.add_argument("--print-json", action="store_true", help="print the result JSON to stdout (without --json)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.set_defaults(func=cmd_simulate)
