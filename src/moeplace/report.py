@@ -109,10 +109,11 @@ def _fig_imbalance(res: dict) -> str:
     L = res["meta"]["num_layers"]
     x = np.arange(L)
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
-    series = [("all tokens", imb)] + [(k, v) for k, v in imb["by_phase"].items() if v is not None]
-    for name, st in series:
-        axes[0].plot(x, _arr(st["max_over_mean"]), marker="o", ms=3, label=name)
-        axes[1].plot(x, _arr(st["gini"]), marker="o", ms=3, label=name)
+    series = [(k, v) for k, v in imb["by_phase"].items() if v is not None]
+    for ax, key in zip(axes, ("max_over_mean", "gini"), strict=True):
+        ax.plot(x, _arr(imb[key]), color="black", lw=2.5, alpha=0.35, label="all tokens")
+        for name, st in series:
+            ax.plot(x, _arr(st[key]), marker="o", ms=3, label=name)
     axes[0].axhline(1.0, color="#999", lw=0.8, ls="--")
     axes[0].set_title("max / mean expert load")
     axes[1].set_title("Gini of expert load")
@@ -141,9 +142,9 @@ def _fig_domains(res: dict) -> str:
                              squeeze=False)
     axes = axes[0]
     vmax = np.nanmax(freq * E) if np.isfinite(freq).any() else 1.0
-    for ax, lyr in zip(axes, layers, strict=False):
+    for n, (ax, lyr) in enumerate(zip(axes, layers, strict=False)):
         im = ax.imshow(freq[:, lyr] * E, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
-        ax.set_yticks(range(D), order)
+        ax.set_yticks(range(D), order if n == 0 else [])
         ax.set_xlabel("expert")
         ax.set_title(f"layer {labels[lyr]}")
     fig.colorbar(im, ax=list(axes[: len(layers)]), label="share x E (1 = uniform)", shrink=0.9)
@@ -206,12 +207,12 @@ def _fig_coactivation(res: dict) -> str:
     E = lift.shape[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         lg = np.where(counts > 0, np.log2(lift), np.nan)
-    lim = max(1.0, np.nanmax(np.abs(lg)) if np.isfinite(lg).any() else 1.0)
+    lim = 3.0  # colours saturate at 8x above or below independence
+    lg = np.clip(lg, -lim, lim)
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.2))
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("#dddddd")
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#dddddd")
     im = axes[0].imshow(lg, cmap=cmap, norm=TwoSlopeNorm(0.0, -lim, lim), interpolation="nearest")
-    fig.colorbar(im, ax=axes[0], label="log2 lift (0 = independent)", shrink=0.85)
+    fig.colorbar(im, ax=axes[0], label="log2 lift (0 = independent, clipped at +-3)", shrink=0.85, extend="both")
     axes[0].set_title(f"Co-activation lift, layer {co['layer']}")
     im2 = axes[1].imshow(counts, cmap="Blues", interpolation="nearest")
     fig.colorbar(im2, ax=axes[1], label="tokens selecting both", shrink=0.85)
@@ -238,7 +239,7 @@ def _fig_locality(res: dict) -> str:
         ax.axhline(tm["random_overlap"], color="#999", ls="--", lw=0.8, label="random")
         ax.set_ylim(0, 1)
         ax.set_xlabel("MoE layer")
-        ax.set_title("Decode: experts shared with previous token")
+        ax.set_title("Decode: experts shared with previous token", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     if il["follow_share"] is not None:
@@ -247,15 +248,17 @@ def _fig_locality(res: dict) -> str:
         ax.axhline(il["follow_share_random"], color="#999", ls="--", lw=0.8, label="random")
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer l (pair l -> l+1)")
-        ax.set_title("Inter-layer: share to top-k successors")
+        ax.set_title("Inter-layer: share to top-k successors", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     if dr["js_series"] is not None:
         ax = axes.pop(0)
         ax.plot(_arr(dr["js_series"]), marker=".", color="#c92a2a", label="window vs next")
-        ax.axhline(dr["split_half_js_mean"], color="#999", ls="--", lw=0.8, label="split-half reference")
+        if dr["split_half_js_mean"] is not None:
+            ax.axhline(dr["split_half_js_mean"], color="#999", ls="--", lw=0.8, label="split-half reference")
         ax.set_xlabel(f"window ({dr['window_tokens']} tokens)")
-        ax.set_title("Drift: JS divergence (bits)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Drift: JS divergence (bits)", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     return _figure(fig, "Temporal locality in decode, inter-layer affinity and drift of the load over the trace.",
@@ -280,23 +283,20 @@ def _cards(res: dict) -> str:
 
 
 def _layer_table(res: dict) -> str:
-    imb, pd, tm, il = res["imbalance"], res["prefill_decode"], res["temporal"], res["interlayer"]
+    imb, pd, tm, il, co = (res[k] for k in ("imbalance", "prefill_decode", "temporal", "interlayer", "coactivation"))
     labels = _layer_labels(res)
-    co = res["coactivation"]
-
-    def col(v, i):
-        return None if v is None else v[i]
-
-    rows = []
-    for i, lab in enumerate(labels):
-        rows.append([lab, _num(imb["max_over_mean"][i], "{:.2f}"), _num(imb["cv"][i]), _num(imb["gini"][i]),
-                     _num(imb["top10_share"][i], "{:.1%}"), _num(col(pd["pearson"], i)),
-                     _num(col(pd["spearman"], i)), _num(col(pd["top_n_overlap"], i), "{:.1%}"),
-                     _num(col(tm["decode_overlap"], i), "{:.1%}"), _num(col(co["max_lift"], i), "{:.1f}"),
-                     _num(col(il["follow_share"], i) if i < len(labels) - 1 else None, "{:.1%}")])
-    head = ["layer (model)", "max/mean", "CV", "Gini", "top-10% share", "PD Pearson", "PD Spearman",
-            f"PD top-{pd['top_n']}", "decode overlap", "max pair lift", "l->l+1 follow"]
-    return _table(head, rows)
+    L = len(labels)
+    follow = None if il["follow_share"] is None else list(il["follow_share"]) + [None]
+    cols = [  # (heading, per-layer values or None, format); columns with no value at all are left out
+        ("max/mean", imb["max_over_mean"], "{:.2f}"), ("CV", imb["cv"], "{:.3f}"), ("Gini", imb["gini"], "{:.3f}"),
+        ("top-10% share", imb["top10_share"], "{:.1%}"), ("PD Pearson", pd["pearson"], "{:.3f}"),
+        ("PD Spearman", pd["spearman"], "{:.3f}"), (f"PD top-{pd['top_n']}", pd["top_n_overlap"], "{:.1%}"),
+        ("decode overlap", tm["decode_overlap"], "{:.1%}"), ("max pair lift", co["max_lift"], "{:.1f}"),
+        ("l->l+1 follow", follow, "{:.1%}"),
+    ]
+    cols = [c for c in cols if c[1] is not None and any(v is not None for v in c[1])]
+    rows = [[labels[i]] + [_num(v[i], f) for _, v, f in cols] for i in range(L)]
+    return _table(["layer (model)"] + [c[0] for c in cols], rows)
 
 
 def _domain_tables(res: dict) -> str:
@@ -402,7 +402,7 @@ def _drift_note(res: dict) -> str:
     if dr["js_mean"] is not None:
         parts.append(f"Load drift between consecutive windows of {dr['window_tokens']:,} tokens: "
                      f"{dr['js_mean']:.4f} bits on average ({dr['num_windows']} windows); within-window split-half "
-                     f"reference {dr['split_half_js_mean']:.4f} bits.")
+                     f"reference {_num(dr['split_half_js_mean'], '{:.4f}')} bits.")
     return f"<p class='note'>{' '.join(parts)}</p>" if parts else ""
 
 

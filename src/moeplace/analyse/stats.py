@@ -46,9 +46,9 @@ def load_stats(load: np.ndarray) -> dict[str, np.ndarray]:
       ``max_over_mean`` max_e / mean_e; ``cv`` std_e / mean_e (population std); ``gini`` (see :func:`gini`);
       ``top10_share`` share of the layer's load on its ceil(0.1 * E) most-loaded experts.
     """
-    x = _check_last_axis("load", load, ndim_min=2)
-    if x.ndim != 2:
-        raise ValueError(f"load: expected shape [L, E], got {x.shape}")
+    if np.ndim(load) != 2:
+        raise ValueError(f"load: expected shape [L, E], got {np.shape(load)}")
+    x = _check_last_axis("load", load)
     e = x.shape[1]
     mean = x.mean(1)
     n_top = max(1, int(np.ceil(TOP_SHARE_FRACTION * e)))
@@ -341,14 +341,17 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tup
     return cat(train), cat(test)
 
 
-def nearest_centroid_accuracy(
+def softmax_regression_accuracy(
     features: np.ndarray, labels: np.ndarray, num_classes: int, test_fraction: float = 0.3, seed: int = 0,
+    l2: float = 1e-2, iters: int = 300,
 ) -> dict | None:
-    """Held-out accuracy of a nearest-centroid classifier (Euclidean distance).
+    """Held-out accuracy of multinomial logistic regression (softmax), fitted in plain numpy.
 
     features: [N, F] (e.g. per-layer L1-normalised expert counts, flattened); labels: [N] ints in
-    [0, num_classes). Split with :func:`stratified_split`. Returns None when fewer than 2 classes have 2 samples,
-    else ``accuracy``, ``chance`` (share of the test set's most common class), ``num_train``, ``num_test`` and
+    [0, num_classes). Split with :func:`stratified_split`; features are standardised with the training mean and
+    std; weights fitted by Nesterov gradient descent (``iters`` steps, step 1 / Lipschitz bound) on the mean
+    cross-entropy plus ``l2 / 2 * |W|^2``. Returns None when fewer than 2 classes have 2 samples, else
+    ``accuracy``, ``chance`` (share of the test set's most common class), ``num_train``, ``num_test`` and
     ``confusion`` [C, C] (rows: true class, columns: predicted).
     """
     X = np.asarray(features, dtype=np.float64)
@@ -357,13 +360,33 @@ def nearest_centroid_accuracy(
         raise ValueError(f"features [N, F] and labels [N] disagree: {X.shape} vs {y.shape}")
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}]")
+    if l2 <= 0 or iters < 1:
+        raise ValueError(f"l2 must be > 0 and iters >= 1, got {l2}, {iters}")
     train, test = stratified_split(y, test_fraction, seed)
     classes = np.unique(y[train])
     if len(classes) < 2:
         return None
-    cent = np.stack([X[train][y[train] == c].mean(0) for c in classes])  # [C', F]
-    d = ((X[test][:, None, :] - cent[None]) ** 2).sum(2)
-    pred = classes[np.argmin(d, axis=1)]
+    mu = X[train].mean(0)
+    sd = X[train].std(0)
+    sd = np.where(sd > 0, sd, 1.0)
+    Z = np.hstack([(X - mu) / sd, np.ones((len(X), 1))])  # [N, F + 1], last column: bias
+    Zt = Z[train]
+    n, f = Zt.shape
+    Y = (y[train][:, None] == classes[None, :]).astype(np.float64)  # [n, C']
+    v = np.random.default_rng(seed).standard_normal(f)
+    for _ in range(30):  # power iteration: largest eigenvalue of Zt^T Zt / n
+        v = Zt.T @ (Zt @ v) / n
+        v /= np.linalg.norm(v) or 1.0
+    lam = float(v @ (Zt.T @ (Zt @ v)) / n)
+    step = 1.0 / (0.5 * lam + l2)
+    W = W_prev = np.zeros((f, len(classes)))
+    for i in range(1, iters + 1):
+        V = W + (i - 1) / (i + 2) * (W - W_prev)
+        S = Zt @ V
+        P = np.exp(S - S.max(1, keepdims=True))
+        P /= P.sum(1, keepdims=True)
+        W_prev, W = W, V - step * (Zt.T @ (P - Y) / n + l2 * V)
+    pred = classes[np.argmax(Z[test] @ W, axis=1)]
     conf = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(conf, (y[test], pred), 1)
     return {

@@ -19,10 +19,10 @@ from moeplace.analyse.stats import (
     follow_share,
     interlayer_lift,
     load_stats,
-    nearest_centroid_accuracy,
     normalise,
     pairwise_js,
     prefill_decode_correlation,
+    softmax_regression_accuracy,
     top_pairs,
 )
 from moeplace.trace.store import (
@@ -40,7 +40,9 @@ from moeplace.trace.store import (
 SCHEMA_VERSION = 1
 UNKNOWN = "unknown"
 JS_LOG_BASE = 2
-CLASSIFIER = "nearest centroid, Euclidean, on per-layer L1-normalised expert counts; seeded stratified split"
+CLASSIFIER = ("multinomial logistic regression (L2 0.01, standardised features) on per-layer L1-normalised expert "
+              "counts; seeded stratified split")
+MAX_CLASSIFIER_SAMPLES = 4000  # a seeded subset beyond this keeps the fit to seconds
 DEFAULT_CHUNK_TOKENS = 65536
 DEFAULT_WINDOW_TOKENS = 16384
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30  # per-request count vectors: S x 2 x L x E float32 within this budget
@@ -151,8 +153,12 @@ def _domain_section(
     remap[keep] = np.arange(len(keep))
     lab = remap[y] if len(y) else np.zeros(0, np.intp)
     ok = lab >= 0
+    if ok.sum() > MAX_CLASSIFIER_SAMPLES:
+        sub = np.random.default_rng(seed).choice(np.flatnonzero(ok), MAX_CLASSIFIER_SAMPLES, replace=False)
+        ok = np.zeros_like(ok)
+        ok[sub] = True
     feats = normalise(X[ok]).reshape(int(ok.sum()), -1)
-    res = nearest_centroid_accuracy(feats, lab[ok], len(order), test_fraction=test_fraction, seed=seed)
+    res = softmax_regression_accuracy(feats, lab[ok], len(order), test_fraction=test_fraction, seed=seed)
     if res is None:
         counts = np.bincount(lab[ok], minlength=len(order))
         unavailable["domain.classification_accuracy"] = (
@@ -255,7 +261,8 @@ def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool) ->
     n_tokens = {"total": T, "prefill": int(round(tok_phase[PREFILL])), "decode": int(round(tok_phase[DECODE]))}
     out: dict = {"schema_version": SCHEMA_VERSION,
                  "meta": _meta_json(meta, path, n_tokens, R, None), "params": params}
-    out["load"] = {"counts": load, "prefill": load_pd[PREFILL], "decode": load_pd[DECODE]}
+    out["load"] = {"counts": load, "prefill": load_pd[PREFILL] if load_pd[PREFILL].sum() else None,
+                   "decode": load_pd[DECODE] if load_pd[DECODE].sum() else None}
     out["imbalance"] = _imbalance(load)
     out["imbalance"]["by_phase"] = {}
     for name, ph in (("prefill", PREFILL), ("decode", DECODE)):
