@@ -460,45 +460,62 @@ def two_hop_matrix(per_gpu: np.ndarray, node_sends: np.ndarray, gpus_per_node: i
     that node, which forwards over NVLink to every other target there. Returns int64 [..., W, W].
     """
     X = np.asarray(per_gpu, np.int64)
+    lead = X.shape[:-2]
     W = X.shape[-1]
     G = gpus_per_node
     Nn = W // G
-    node = np.arange(W) // G
-    same = node[:, None] == node[None, :]
-    TH = X * same
-    h, b = np.nonzero(node[:, None] != np.arange(Nn)[None, :])
-    TH[..., h, b * G + h % G] += node_sends[..., h, b]
-    remote = (X * ~same).reshape(*X.shape[:-2], Nn, G, Nn, G).sum(-4)  # [..., G(i), N_n(b), G(j)]
-    offdiag = ~np.eye(G, dtype=bool)
-    THr = TH.reshape(*X.shape[:-2], Nn, G, Nn, G)
-    for bb in range(Nn):
-        THr[..., bb, :, bb, :] += remote[..., :, bb, :] * offdiag
-    return TH
+    Xr = X.reshape(*lead, Nn, G, Nn, G)  # [..., a, i, b, j]
+    TH = np.zeros_like(Xr)
+    into = Xr.sum(-4)  # [..., i, b, j]: sends from local rank i (any node) to GPU (b, j)
+    Bn = np.asarray(node_sends, np.int64).reshape(*lead, Nn, G, Nn)  # [..., a, i, b]
+    eye = np.eye(G, dtype=bool)
+    for b in range(Nn):
+        own = Xr[..., b, :, b, :]  # sends inside node b
+        remote = into[..., :, b, :] - own  # [..., i, j] from other nodes' local rank i to (b, j)
+        TH[..., b, :, b, :] = own + np.where(eye, 0, remote)  # forwarding lands on (b, i), goes to (b, j)
+        landed = Bn[..., :, :, b]  # [..., a, i] inter-node sends of GPU (a, i) to node b, landing on (b, i)
+        for a in range(Nn):
+            if a != b:
+                d = TH[..., a, :, b, :]
+                d[..., np.arange(G), np.arange(G)] += landed[..., a, :]
+    return TH.reshape(X.shape)
 
 
 def _mb_metrics(ctx: _Ctx, M: np.ndarray, TH: np.ndarray, load: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-micro-batch, per-layer quantities. M, TH: int [B, L, W, W]; load: int [B, L, W]. Returns name -> [B, L]."""
-    W, G = ctx.W, ctx.G
-    node = np.arange(W) // G
-    same = node[:, None] == node[None, :]
-    eye = np.eye(W, dtype=bool)
+    """Per-micro-batch, per-layer quantities. M, TH: int [B, L, W, W]; load: int [B, L, W]. Returns name -> [B, L].
+
+    Three passes over each matrix: block row sums, block column sums, and the largest off-diagonal entry.
+    """
+    W, G, Nn = ctx.W, ctx.G, ctx.num_nodes
     cl = ctx.cluster
-    classes = (("intra", same & ~eye, cl.intra_latency, cl.intra_bw, G - 1),
-               ("inter", ~same, cl.inter_latency, cl.inter_bw, W - G))
+    own = np.arange(W) // G  # node of each GPU
+    lr = np.arange(W) % G
     out: dict[str, np.ndarray] = {}
     for mode, X in (("per_gpu", M), ("two_hop", TH)):
-        diag = np.einsum("...ii->...", X)
-        tot = X.sum((-2, -1))
-        intra = (X * same).sum((-2, -1)) - diag
-        out[f"{mode}.intra_gpu_sends"] = diag
+        lead = X.shape[:-2]
+        flat = X.reshape(*lead, W * W)
+        diag = flat[..., :: W + 1].copy()  # [..., W] intra-GPU sends
+        Xr = X.reshape(*lead, Nn, G, Nn, G)
+        brow = Xr.sum(-1)  # [..., N_n(a), G(i), N_n(b)]: sends of GPU (a, i) to node b
+        bcol = Xr.sum(-3)  # [..., N_n(a), N_n(b), G(j)]: sends from node a to GPU (b, j)
+        same_out = brow[..., own, lr, own]  # [..., W] sends inside the own node, diagonal included
+        same_in = bcol[..., own, own, lr]
+        intra_out, intra_in = same_out - diag, same_in - diag
+        inter_out = brow.sum(-1).reshape(*lead, W) - same_out
+        inter_in = bcol.sum(-3).reshape(*lead, W) - same_in
+        intra = intra_out.sum(-1)
+        out[f"{mode}.intra_gpu_sends"] = diag.sum(-1)
         out[f"{mode}.intra_node_sends"] = intra
-        out[f"{mode}.inter_node_sends"] = tot - intra - diag
-        maxmsg = (X * ~eye).max((-2, -1))
+        out[f"{mode}.inter_node_sends"] = inter_out.sum(-1)
+        flat[..., :: W + 1] = 0  # largest off-diagonal message, then restore the diagonal
+        maxmsg = flat.max(-1) if W > 1 else np.zeros(lead, np.int64)
+        flat[..., :: W + 1] = diag
         out[f"{mode}.max_message_sends"] = maxmsg
         t = {}
-        for name, mask, alpha, bw, peers in classes:
-            Xc = X * mask
-            busiest = np.maximum(Xc.sum(-1).max(-1), Xc.sum(-2).max(-1))
+        for name, o, i, alpha, bw, peers in (
+                ("intra", intra_out, intra_in, cl.intra_latency, cl.intra_bw, G - 1),
+                ("inter", inter_out, inter_in, cl.inter_latency, cl.inter_bw, W - G)):
+            busiest = np.maximum(o.max(-1), i.max(-1)) if W else np.zeros(lead, np.int64)
             padded = peers * maxmsg
             for key, sends in (("", busiest), ("_padded", padded)):
                 for part, nbytes in (("d", ctx.dispatch_send_bytes), ("c", ctx.combine_send_bytes)):
