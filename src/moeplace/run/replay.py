@@ -12,17 +12,28 @@ micro-batch and layer, its own tokens through :class:`~moeplace.run.layer.MoELay
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from statistics import median
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from moeplace.placement import Plan
+from moeplace.placement import Cluster, Plan
 from moeplace.run.dispatch import Dispatcher, TrafficRecorder
 from moeplace.run.layer import ExpertWeights, MoELayer, reference_moe
+from moeplace.simulate import (
+    DEFAULT_RULE,
+    BatchConfig,
+    CostConfig,
+    SimResult,
+    _build_layout,  # the simulator's own micro-batch layout, so the window is exactly its micro-batches
+    _rows_of,
+    microbatch_ids,
+    simulate,
+)
+from moeplace.simulate import assign_slots as sim_assign_slots
+from moeplace.trace.store import PHASES, Trace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -70,49 +81,89 @@ class ReplayConfig:
         return torch.tensor([], dtype=DTYPES[self.dtype]).element_size()
 
 
-# ------------------------------------------------------------------------------------------------ replica choice
+# ------------------------------------------------------------------------------------------------ routing
 
 
-def _assign_slots_placeholder(expert_ids: np.ndarray, home: np.ndarray, phy2log: np.ndarray, slots_per_gpu: int,
-                              gpus_per_node: int) -> np.ndarray:
-    """Replica choice for one layer: same GPU, else same node, else the least-loaded replica (pairs so far).
+def assign_slots(expert_ids: np.ndarray, home: np.ndarray, plan: Plan, layer: int,
+                 rule: str = DEFAULT_RULE) -> np.ndarray:
+    """Serving slot of every (token, k) pair of one layer: int [T, K], by the simulator's own replica rule
+    (:func:`moeplace.simulate.assign_slots`), so the runtime routes exactly as the simulator counts.
 
-    expert_ids: int [T, K]; home: int [T]; phy2log: int [P]. Returns int [T, K] slots.
+    expert_ids: int [T, K] in micro-batch token order; home: int [T] home rank of each token.
     """
-    T, K = expert_ids.shape
-    load = np.zeros(len(phy2log), np.int64)
-    slot_gpu = np.arange(len(phy2log)) // slots_per_gpu
-    out = np.empty((T, K), np.int64)
-    for t in range(T):
-        for j in range(K):
-            cand = np.flatnonzero(phy2log == expert_ids[t, j])
-            same = cand[slot_gpu[cand] == home[t]]
-            if not len(same):
-                same = cand[slot_gpu[cand] // gpus_per_node == home[t] // gpus_per_node]
-            pool = same if len(same) else cand
-            p = pool[np.argmin(load[pool])]
-            load[p] += 1
-            out[t, j] = p
-    return out
-
-
-def assign_slots(expert_ids: np.ndarray, home: np.ndarray, plan: Plan, layer: int) -> np.ndarray:
-    """Serving slot of every (token, k) pair of one layer: int [T, K] (the simulator's replica rule)."""
     pl = plan.placement
-    return _assign_slots_placeholder(expert_ids, home, pl.phy2log[layer], pl.slots_per_gpu,
-                                     plan.cluster.gpus_per_node)
+    node_of_gpu = np.arange(pl.num_gpus) // plan.cluster.gpus_per_node
+    return sim_assign_slots(pl.phy2log[layer], pl.slot_gpu, node_of_gpu, home, expert_ids, rule=rule)
 
 
-def make_batch(plan: Plan, request_id: np.ndarray, expert_ids: np.ndarray,
-               weights: np.ndarray | None = None) -> MicroBatch:
-    """A micro-batch from token rows: request_id [T], expert_ids [T, L, K], weights [T, L, K] (None: 1/K)."""
+def make_batch(plan: Plan, request_id: np.ndarray, home: np.ndarray, expert_ids: np.ndarray,
+               weights: np.ndarray | None = None, rule: str = DEFAULT_RULE) -> MicroBatch:
+    """A micro-batch from token rows in micro-batch order: request_id [T], home [T] (rank of each token),
+    expert_ids [T, L, K], weights [T, L, K] (None: 1/K). Serving slots come from the replica ``rule``."""
     ids = np.asarray(expert_ids, np.int64)
     T, L, K = ids.shape
     w = np.full((T, L, K), 1.0 / K, np.float32) if weights is None else np.asarray(weights, np.float32)
-    home = plan.home_of(request_id) if T else np.zeros(0, np.int64)
-    slots = np.stack([assign_slots(ids[:, layer], home, plan, layer) for layer in range(L)], axis=1) if T else \
-        np.zeros((0, L, K), np.int64)
+    home = np.asarray(home, np.int64)
+    if home.shape != (T,):
+        raise ValueError(f"make_batch: home has shape {home.shape}, expected [{T}]")
+    slots = np.stack([assign_slots(ids[:, layer], home, plan, layer, rule) for layer in range(L)], axis=1) if T \
+        else np.zeros((0, L, K), np.int64)
     return MicroBatch(np.asarray(request_id, np.int64), home, ids, w, slots)
+
+
+def select_window(trace: Trace, plan: Plan, batching: BatchConfig, phase: str = "decode", num_microbatches: int = 8,
+                  skip: int = 0) -> tuple[Trace, list[np.ndarray]]:
+    """Pick ``num_microbatches`` whole micro-batches of one phase, as the simulator forms them (after ``skip``).
+
+    Returns (sub-trace, rows): the sub-trace keeps the full request table (so homes and micro-batch ids are the
+    ones the simulator gives the whole trace) and only the chosen tokens, in trace order; rows[b] is int64 [T_b]
+    indices into the sub-trace's tokens of micro-batch b, in trace order (the simulator's token order).
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: expected one of {PHASES}")
+    if num_microbatches < 1 or skip < 0:
+        raise ValueError(f"window: num_microbatches must be >= 1 and skip >= 0, got {num_microbatches}, {skip}")
+    if trace.tokens is None:
+        raise ValueError("run-ep needs a per-token trace, but this trace is counts-only")
+    tk = trace.tokens
+    lay = _build_layout(trace, trace.requests, plan.home_of(trace.requests.request_id), batching)
+    mb = microbatch_ids(lay, _rows_of(lay, tk.request_id), tk.position, tk.phase)
+    ph = PHASES.index(phase)
+    ids = lay.mb_ids[ph]
+    if len(ids) <= skip:
+        raise ValueError(f"window: the trace has {len(ids)} {phase} micro-batches, none left after skipping {skip}")
+    chosen = ids[skip:skip + num_microbatches]
+    keep = np.flatnonzero((tk.phase == ph) & np.isin(mb, chosen))  # trace order
+    sub = Trace(trace.meta, trace.requests, tk.select(keep), None)
+    mb_sub = mb[keep]
+    return sub, [np.flatnonzero(mb_sub == m) for m in chosen.tolist()]
+
+
+def batches_from_window(sub: Trace, rows: list[np.ndarray], plan: Plan, rule: str = DEFAULT_RULE) -> list[MicroBatch]:
+    """The micro-batches of :func:`select_window` with homes from the plan and slots from the replica rule."""
+    tk = sub.tokens
+    home_table = plan.home_of(sub.requests.request_id)  # [R] in request-table order, as the simulator does
+    order = np.argsort(sub.requests.request_id, kind="stable")
+    pos = np.searchsorted(sub.requests.request_id[order], tk.request_id)
+    home = home_table[order][pos]  # [T] home rank of each token
+    out = []
+    for r in rows:
+        w = None if tk.expert_weights is None else tk.expert_weights[r].astype(np.float32)
+        out.append(make_batch(plan, tk.request_id[r], home[r], tk.expert_ids[r], w, rule))
+    return out
+
+
+def predict(sub: Trace, plan: Plan, cfg: ReplayConfig, batching: BatchConfig, rule: str = DEFAULT_RULE,
+            cluster: Cluster | None = None) -> SimResult:
+    """The simulator on the same window, hidden size and bytes per element as the replay (dispatch and combine
+    both ``cfg.dtype``); ``cluster`` (same shape as the plan's) sets the links and FLOP rate of its time model."""
+    b = cfg.bytes_per_element
+    F = cfg.ffn or cfg.hidden
+    cost = CostConfig(hidden_size=cfg.hidden, dispatch_bytes=b, combine_bytes=b, pair_flops=4.0 * cfg.hidden * F)
+    if cluster is not None:
+        plan = Plan(plan.placement, cluster, plan.homes, plan.strategy, plan.plan_seconds, plan.planned_on,
+                    plan.extra)
+    return simulate(sub, plan, cost=cost, batching=batching, rule=rule)
 
 
 # ------------------------------------------------------------------------------------------------ rank side
@@ -193,25 +244,26 @@ def reference_outputs(batch: MicroBatch, batch_index: int, num_experts: int, cfg
 class ReplayResult:
     """What a replay measured. Byte matrices are [source rank, destination rank], self-sends on the diagonal."""
 
-    dispatch_bytes: np.ndarray  # int64 [L, W, W] hidden-vector bytes of the dispatch, summed over micro-batches
-    combine_bytes: np.ndarray  # int64 [L, W, W] hidden-vector bytes of the combine
-    meta_bytes: np.ndarray  # int64 [L, W, W] routing metadata (slot ids, weights) sent beside the rows
-    layer_seconds: np.ndarray  # float [R, M, L]: max over ranks of each layer's wall time
+    dispatch_bytes: np.ndarray  # int64 [M, L, W, W] hidden-vector bytes handed to all_to_all_single by dispatch
+    combine_bytes: np.ndarray  # int64 [M, L, W, W] hidden-vector bytes handed to all_to_all_single by combine
+    meta_bytes: np.ndarray  # int64 [M, L, W, W] routing metadata (slot ids, weights) sent beside the rows
+    layer_seconds: np.ndarray  # float [R, M, L]: slowest rank's wall time of each layer
     gpus_per_node: int
+    two_hop: bool
     outputs: list | None = None  # per rank, as returned by replay_rank (tests)
-    extra: dict = field(default_factory=dict)
 
     def pair_bytes(self) -> np.ndarray:
-        """int64 [L, W, W]: dispatch + combine bytes per (source, destination)."""
+        """int64 [M, L, W, W]: dispatch + combine bytes per (source, destination)."""
         return self.dispatch_bytes + self.combine_bytes
 
-    def split_bytes(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(inter-node, intra-node) totals of [L, W, W] byte matrices per layer -> int64 [L] each (self excluded)."""
+    def link_bytes(self, m: np.ndarray) -> dict[str, np.ndarray]:
+        """Byte matrices [..., W, W] summed per link class -> {"intra_gpu", "intra_node", "inter_node"}: [...]."""
         W = m.shape[-1]
         node = np.arange(W) // self.gpus_per_node
+        eye = np.eye(W, dtype=bool)
         inter = node[:, None] != node[None, :]
-        intra = ~inter & ~np.eye(W, dtype=bool)
-        return (m * inter).sum(axis=(1, 2)), (m * intra).sum(axis=(1, 2))
+        return {"intra_gpu": (m * eye).sum((-2, -1)), "intra_node": (m * (~inter & ~eye)).sum((-2, -1)),
+                "inter_node": (m * inter).sum((-2, -1))}
 
 
 def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, *, netns: list[str | None] | None = None,
@@ -228,11 +280,11 @@ def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, *, netns: l
                       gpus_per_node=plan.cluster.gpus_per_node, cfg=cfg),
                  netns=netns, master_addr=master_addr, socket_ifname=socket_ifname, timeout=cfg.timeout,
                  fail_rank=fail_rank, env=env)
-    by = {k: np.stack([r["bytes"][k].sum(axis=0) for r in res], axis=1) for k in ("dispatch", "combine", "meta")}
+    # each rank reports [M, L, W] bytes it sent per destination: stack along the source axis -> [M, L, W, W]
+    by = {k: np.stack([r["bytes"][k] for r in res], axis=2) for k in ("dispatch", "combine", "meta")}
     secs = np.max(np.stack([r["seconds"] for r in res]), axis=0)  # slowest rank per (repeat, batch, layer)
-    return ReplayResult(by["dispatch"], by["combine"], by["meta"], secs, plan.cluster.gpus_per_node,
-                        [r["outputs"] for r in res] if cfg.return_outputs else None,
-                        {"config": asdict(cfg)})
+    return ReplayResult(by["dispatch"], by["combine"], by["meta"], secs, plan.cluster.gpus_per_node, cfg.two_hop,
+                        [r["outputs"] for r in res] if cfg.return_outputs else None)
 
 
 def check_batches(plan: Plan, batches: list[MicroBatch]) -> None:
@@ -257,27 +309,41 @@ def check_batches(plan: Plan, batches: list[MicroBatch]) -> None:
                 raise ValueError(f"micro-batch {b}: a slot does not hold the expert it is asked to serve")
 
 
+def _stat(x: np.ndarray) -> dict:
+    """x: [M, L] per micro-batch and layer -> the simulator's statistic layout."""
+    if x.shape[0] == 0:
+        return {"total": 0, "per_layer": [0] * x.shape[1], "median_microbatch": 0}
+    cast = int if x.dtype.kind in "iu" else float
+    return {"total": cast(x.sum()), "per_layer": [cast(v) for v in x.sum(0)],
+            "median_microbatch": float(np.median(x.sum(1)))}
+
+
 def summarize(result: ReplayResult) -> dict[str, Any]:
-    """JSON-ready report with the simulator's keys (``inter_node_bytes``, ``intra_node_bytes``)."""
-    pair = result.pair_bytes()
-    inter, intra = result.split_bytes(pair)
-    d_inter, d_intra = result.split_bytes(result.dispatch_bytes)
-    m_inter, m_intra = result.split_bytes(result.meta_bytes)
-    per_mb = result.layer_seconds.sum(axis=1)  # [R, L] seconds per layer summed over micro-batches
-    layer_med = np.median(per_mb, axis=0)  # [L]
-    L = pair.shape[0]
+    """JSON-ready measurements under the simulator's keys (``inter_node_bytes``, ``intra_node_bytes``, each with
+    ``total``, ``per_layer``, ``median_microbatch``), whichever dedup mode ran (``dedup`` says which)."""
+    pair = result.link_bytes(result.pair_bytes())
+    disp = result.link_bytes(result.dispatch_bytes)
+    meta = result.link_bytes(result.meta_bytes)
+    per_layer_rep = result.layer_seconds.sum(axis=1)  # [R, L]: each layer summed over micro-batches
+    per_mb_rep = result.layer_seconds.sum(axis=2)  # [R, M]: each micro-batch summed over layers
     return {
-        "per_layer": [
-            {"layer": layer, "inter_node_bytes": int(inter[layer]), "intra_node_bytes": int(intra[layer]),
-             "dispatch_inter_node_bytes": int(d_inter[layer]), "dispatch_intra_node_bytes": int(d_intra[layer]),
-             "meta_inter_node_bytes": int(m_inter[layer]), "meta_intra_node_bytes": int(m_intra[layer]),
-             "layer_seconds": float(layer_med[layer])}
-            for layer in range(L)
-        ],
-        "total": {"inter_node_bytes": int(inter.sum()), "intra_node_bytes": int(intra.sum()),
-                  "meta_inter_node_bytes": int(m_inter.sum()), "meta_intra_node_bytes": int(m_intra.sum()),
-                  "layer_seconds": float(median(per_mb.sum(axis=1).tolist()))},
-        "pair_bytes": pair.sum(axis=0).tolist(),  # [W][W] source -> destination, dispatch + combine
-        "dispatch_pair_bytes": result.dispatch_bytes.sum(axis=0).tolist(),
-        "combine_pair_bytes": result.combine_bytes.sum(axis=0).tolist(),
+        "dedup": "two_hop" if result.two_hop else "per_gpu",
+        "inter_node_bytes": _stat(pair["inter_node"]),
+        "intra_node_bytes": _stat(pair["intra_node"]),
+        "intra_gpu_bytes": _stat(pair["intra_gpu"]),
+        "dispatch_inter_node_bytes": _stat(disp["inter_node"]),
+        "dispatch_intra_node_bytes": _stat(disp["intra_node"]),
+        "meta_inter_node_bytes": _stat(meta["inter_node"]),
+        "meta_intra_node_bytes": _stat(meta["intra_node"]),
+        "layer_time_s": {  # medians over repeats of the slowest rank's wall time
+            "total": float(np.median(per_layer_rep.sum(1))),
+            "per_layer": np.median(per_layer_rep, axis=0).tolist(),
+            "median_microbatch": float(np.median(np.median(per_mb_rep, axis=0))),
+            "repeats": int(result.layer_seconds.shape[0]),
+        },
+        # [W][W] source -> destination, summed over micro-batches and layers
+        "traffic_matrix_bytes": result.pair_bytes().sum((0, 1)).tolist(),
+        "dispatch_matrix_bytes": result.dispatch_bytes.sum((0, 1)).tolist(),
+        "combine_matrix_bytes": result.combine_bytes.sum((0, 1)).tolist(),
+        "num_microbatches": int(result.dispatch_bytes.shape[0]),
     }
