@@ -417,3 +417,19 @@ def test_cli_bad_model_dir_and_missing_reference(tmp_path, capsys, monkeypatch):
     rc = main(["trace", "record", "--model", "reference", "--prompts", "builtin", "--max-new-tokens", "2",
                str(tmp_path / "o.trace")])
     assert rc == 2 and "reference model is not available" in capsys.readouterr().err
+
+
+def test_docs_example(model_dir, tmp_path):
+    """The tested example of docs/CAPTURE.md runs as written, on the tiny saved model."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "CAPTURE.md").read_text()
+    code = re.search(r"<!-- tested-example -->\n```python\n(.*?)```", doc, re.S).group(1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    ns = {"model": model, "tokenizer": tokenizer, "out_dir": tmp_path}
+    exec(compile(code, "docs/CAPTURE.md", "exec"), ns)
+    assert ns["summary"]["requests"] == 3
+    assert ns["trace"].tokens.expert_ids.shape[1:] == (3, 2)
+    assert ns["trace"].requests.domain.tolist() == ["code", "chat", "math"]

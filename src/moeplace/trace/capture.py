@@ -288,8 +288,11 @@ class RoutingRecorder:
         if any(t is None for t in self._cur_ids):
             missing = [self.routers[i][1] for i, t in enumerate(self._cur_ids) if t is None]
             raise TraceError(f"routers {missing} did not run in this forward; cannot record routing")
-        ids = torch.stack(self._cur_ids).to(torch.int16)  # [L, N, K]
-        w = torch.stack(self._cur_w).detach().to(torch.float16) if self.record_weights else None
+        dev = self._cur_ids[0].device  # layers may sit on several devices (device_map="auto")
+        ids = torch.stack([t.to(dev, non_blocking=True) for t in self._cur_ids]).to(torch.int16)  # [L, N, K]
+        w = None
+        if self.record_weights:
+            w = torch.stack([t.detach().to(dev, non_blocking=True) for t in self._cur_w]).to(torch.float16)
         tokens, mask = self._cur_inputs
         self._cur_inputs = None
         B = self._batch["n"]
