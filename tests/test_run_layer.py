@@ -11,7 +11,7 @@ from conftest import make_tokens
 
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.run.dispatch import plan_rows, plan_rows_loop
-from moeplace.run.layer import ExpertWeights, reference_moe, run_experts, run_experts_loop
+from moeplace.run.layer import ExpertView, ExpertWeights, reference_moe, run_experts, run_experts_loop
 from moeplace.run.netns import check_support, emulated_cluster
 from moeplace.run.replay import (
     ReplayConfig,
@@ -20,6 +20,7 @@ from moeplace.run.replay import (
     predict,
     reference_outputs,
     replay,
+    replay_cases,
     select_window,
     summarize,
 )
@@ -51,6 +52,10 @@ def test_grouped_experts_match_the_loop():
     slot = torch.randint(-1, 6, (20, 4), generator=g)
     weight = torch.rand(20, 4, generator=g)
     torch.testing.assert_close(run_experts(w, x, slot, weight), run_experts_loop(w, x, slot, weight))
+    ids = [5, 0, 3]
+    sub = slot.clamp(max=2)
+    torch.testing.assert_close(run_experts(ExpertView(w, tuple(ids)), x, sub, weight),
+                               run_experts(w.select(ids), x, sub, weight))
     empty = run_experts(w, x[:0], slot[:0], weight[:0])
     assert empty.shape == (0, 8)
 
@@ -100,13 +105,16 @@ def replayed(request, trace_and_plan):
     if where == "netns" and check_support() is None:
         with emulated_cluster(2, 2, inter_gbit=1.0) as emu:
             res = replay(plan, batches, cfg, **emu.launch_kwargs())
-    else:
-        res = replay(plan, batches, cfg)
-    return mode, sub, batches, cfg, plan, res
+        return mode, sub, batches, cfg, plan, res, None
+    # two plans measured in one run (repeats interleaved): the second is linear with 4 redundant slots
+    lin = Plan(Placement.linear(L, E, 4, 4), Cluster(2, 2))
+    lsub, lrows = select_window(trace, lin, BATCHING, phase, num_microbatches=2, skip=1)
+    res, lres = replay_cases([(plan, batches), (lin, batches_from_window(lsub, lrows, lin))], cfg)
+    return mode, sub, batches, cfg, plan, res, (lin, lsub, lres)
 
 
 def test_outputs_equal_the_single_process_reference(replayed):
-    mode, sub, batches, cfg, plan, res = replayed
+    mode, sub, batches, cfg, plan, res, second = replayed
     assert len(batches) == 3 and all(len(b) for b in batches)
     for b, mb in enumerate(batches):
         ref = reference_outputs(mb, b, E, cfg)  # [T, L, H]
@@ -133,7 +141,7 @@ def test_a_wrong_route_would_show(trace_and_plan):
 
 
 def test_bytes_equal_the_simulator(replayed):
-    mode, sub, batches, cfg, plan, res = replayed
+    mode, sub, batches, cfg, plan, res, second = replayed
     sim = predict(sub, plan, cfg, BATCHING).all
     send_bytes = H * cfg.bytes_per_element  # float32 both ways: 4 bytes per element for dispatch and combine
     X = sim.sends[mode]  # [L, W, W] sends source -> destination, diagonal = intra-GPU
@@ -152,3 +160,8 @@ def test_bytes_equal_the_simulator(replayed):
         assert np.array_equal(got, want), where
     assert measured["inter_node_bytes"]["total"] > 0
     assert res.layer_seconds.shape == (1, 3, L) and (res.layer_seconds > 0).all()
+    if second is not None:  # the other plan of the same run
+        lin, lsub, lres = second
+        X = predict(lsub, lin, cfg, BATCHING).all.sends[mode]
+        assert np.array_equal(lres.dispatch_bytes.sum(0), X * send_bytes)
+        assert lres.layer_seconds.shape == (1, 2, L)

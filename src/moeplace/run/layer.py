@@ -93,7 +93,30 @@ class ExpertWeights:
         return _act(self.activation, x @ self.w_in[i]) @ self.w_out[i] + self.bias[i]
 
 
-def run_experts(experts: ExpertWeights, x: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class ExpertView:
+    """Experts ``ids`` of a shared :class:`ExpertWeights`, without copying: index i runs ``base`` expert ids[i].
+
+    Lets many layers (or many placements) share one weight table, e.g. local slots ``phy2log[l, g*S:(g+1)*S]``.
+    """
+
+    base: ExpertWeights
+    ids: tuple[int, ...]  # [n] index into base of each expert of the view
+
+    @property
+    def num(self) -> int:
+        return len(self.ids)
+
+    @property
+    def hidden(self) -> int:
+        return self.base.hidden
+
+    def apply(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.base.apply(self.ids[i], x)
+
+
+def run_experts(experts: ExpertWeights | ExpertView, x: torch.Tensor, slot: torch.Tensor,
+                weight: torch.Tensor) -> torch.Tensor:
     """Run the local experts on received rows, grouped per slot, and sum them per row with the routing weights.
 
     x: [N, H] received hidden vectors; slot: int [N, K] local slot index per entry, -1 where the entry is not
@@ -120,7 +143,7 @@ def run_experts(experts: ExpertWeights, x: torch.Tensor, slot: torch.Tensor, wei
     return out
 
 
-def run_experts_loop(experts: ExpertWeights, x: torch.Tensor, slot: torch.Tensor,
+def run_experts_loop(experts: ExpertWeights | ExpertView, x: torch.Tensor, slot: torch.Tensor,
                      weight: torch.Tensor) -> torch.Tensor:
     """Plain for-loop reference of :func:`run_experts` (same arguments and result)."""
     out = torch.zeros_like(x)
@@ -145,7 +168,7 @@ class MoELayer:
     rows go and returns frozen metadata that combine consumes; the layer holds only weights.
     """
 
-    def __init__(self, local_experts: ExpertWeights) -> None:
+    def __init__(self, local_experts: ExpertWeights | ExpertView) -> None:
         self.experts = local_experts  # [S] experts, index = local slot
 
     def forward(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, dispatcher) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from moeplace.placement import Cluster, Plan
 from moeplace.run.dispatch import Dispatcher, TrafficRecorder
-from moeplace.run.layer import ExpertWeights, MoELayer, reference_moe
+from moeplace.run.layer import ExpertView, ExpertWeights, MoELayer, reference_moe
 from moeplace.simulate import (
     DEFAULT_RULE,
     BatchConfig,
@@ -180,50 +180,63 @@ def _experts(cfg: ReplayConfig, num_experts: int) -> ExpertWeights:
     return ExpertWeights.random(num_experts, cfg.hidden, cfg.ffn, seed=cfg.seed, dtype=DTYPES[cfg.dtype])
 
 
-def replay_rank(ctx, batches: list[MicroBatch], phy2log: np.ndarray, num_experts: int, gpus_per_node: int,
-                cfg: ReplayConfig) -> dict[str, Any]:
-    """One rank's replay (run by :func:`moeplace.run.launch.launch`).
+def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch]]], num_experts: int, gpus_per_node: int,
+                cfg: ReplayConfig) -> list[dict[str, Any]]:
+    """One rank's replay of one or more cases (placement ``phy2log`` int [L, P] and its micro-batches), run by
+    :func:`moeplace.run.launch.launch`. Repeats are interleaved across cases (repeat -> case -> micro-batch ->
+    layer), so slow phases of a shared machine hit every case alike.
 
-    Returns ``seconds`` float [R, M, L] (this rank's layer time), ``bytes`` {stage: int64 [M, L, W]} sent by
-    this rank per destination (stages dispatch, combine, meta, counts) and, if asked, ``outputs``: per batch
-    (token indices [T_r], outputs [T_r, H] float32).
+    Returns per case: ``seconds`` float [R, M, L] (this rank's layer time), ``bytes`` {stage: int64 [M, L, W]}
+    sent by this rank per destination (stages dispatch, combine, meta, counts) and, if asked, ``outputs``: per
+    micro-batch (token indices [T_r], outputs [T_r, L, H] float32).
     """
     rank, W = ctx.rank, ctx.world_size
     device = torch.device(ctx.device)
-    L, P = phy2log.shape
-    S = P // W
-    full = _experts(cfg, num_experts)
-    layers = [MoELayer(full.select(phy2log[layer, rank * S:(rank + 1) * S]).to(device)) for layer in range(L)]
-    recorder = TrafficRecorder(W)
-    disp = Dispatcher(rank, W, gpus_per_node, S, two_hop=cfg.two_hop, recorder=recorder)
-    M = len(batches)
-    seconds = np.zeros((cfg.repeats, M, L))
-    sent = {k: np.zeros((M, L, W), np.int64) for k in ("dispatch", "combine", "meta", "counts")}
-    outputs = []
     dtype = DTYPES[cfg.dtype]
-    for b, mb in enumerate(batches):
-        mine = np.flatnonzero(mb.home == rank)
-        x = _hidden(cfg, b, len(mb))[mine].to(dtype).to(device)  # [T_r, H]
-        slots = torch.as_tensor(mb.slots[mine], device=device)  # [T_r, L, K]
-        w = torch.as_tensor(mb.weights[mine], device=device)  # [T_r, L, K]
-        outs = []
-        for rep in range(cfg.repeats):
-            for layer in range(L):
-                dist.barrier()  # host waits for every rank: all start the layer together
-                t0 = time.perf_counter()
-                y = layers[layer].forward(x, slots[:, layer], w[:, layer], disp)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)  # host waits for the device before reading the clock
-                seconds[rep, b, layer] = time.perf_counter() - t0
-                got = recorder.take()
-                if rep == 0:
-                    for k in sent:
-                        sent[k][b, layer] = got[k]
-                    if cfg.return_outputs:
-                        outs.append(y.float().cpu().numpy())
+    full = _experts(cfg, num_experts).to(device)  # one weight table shared by every layer and case
+    recorder = TrafficRecorder(W)
+    state = []
+    for phy2log, batches in cases:
+        L, P = phy2log.shape
+        S = P // W
+        layers = [MoELayer(ExpertView(full, tuple(int(e) for e in phy2log[layer, rank * S:(rank + 1) * S])))
+                  for layer in range(L)]
+        inputs = []
+        for b, mb in enumerate(batches):
+            mine = np.flatnonzero(mb.home == rank)
+            inputs.append((mine, _hidden(cfg, b, len(mb))[mine].to(dtype).to(device),  # [T_r, H]
+                           torch.as_tensor(mb.slots[mine], device=device),  # [T_r, L, K]
+                           torch.as_tensor(mb.weights[mine], device=device)))  # [T_r, L, K]
+        M = len(batches)
+        state.append(dict(layers=layers, inputs=inputs,
+                          disp=Dispatcher(rank, W, gpus_per_node, S, two_hop=cfg.two_hop, recorder=recorder),
+                          seconds=np.zeros((cfg.repeats, M, L)),
+                          sent={k: np.zeros((M, L, W), np.int64) for k in ("dispatch", "combine", "meta", "counts")},
+                          outs=[[None] * L for _ in range(M)]))
+    for rep in range(cfg.repeats):
+        for st in state:
+            for b, (_, x, slots, w) in enumerate(st["inputs"]):
+                for layer, moe in enumerate(st["layers"]):
+                    dist.barrier()  # host waits for every rank: all start the layer together
+                    t0 = time.perf_counter()
+                    y = moe.forward(x, slots[:, layer], w[:, layer], st["disp"])
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)  # host waits for the device before reading the clock
+                    st["seconds"][rep, b, layer] = time.perf_counter() - t0
+                    got = recorder.take()
+                    if rep == 0:
+                        for k in st["sent"]:
+                            st["sent"][k][b, layer] = got[k]
+                        if cfg.return_outputs:
+                            st["outs"][b][layer] = y.float().cpu().numpy()
+    out = []
+    for st in state:
+        outputs = None
         if cfg.return_outputs:
-            outputs.append((mine, np.stack(outs, axis=1) if outs else np.zeros((len(mine), L, cfg.hidden))))
-    return {"seconds": seconds, "bytes": sent, "outputs": outputs if cfg.return_outputs else None}
+            outputs = [(inp[0], np.stack(o, axis=1) if o else np.zeros((len(inp[0]), 0, cfg.hidden), np.float32))
+                       for inp, o in zip(st["inputs"], st["outs"], strict=True)]
+        out.append({"seconds": st["seconds"], "bytes": st["sent"], "outputs": outputs})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ parent side
@@ -266,25 +279,47 @@ class ReplayResult:
                 "inter_node": (m * inter).sum((-2, -1))}
 
 
-def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, *, netns: list[str | None] | None = None,
-           master_addr: str = "127.0.0.1", socket_ifname: str | None = None, fail_rank: int | None = None,
-           env: dict[str, str] | None = None) -> ReplayResult:
-    """Run the micro-batches through the layer in W = plan.cluster.world_size processes and gather results."""
+def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, **launch_kw) -> ReplayResult:
+    """Run the micro-batches through the layer in W = plan.cluster.world_size processes and gather results.
+    ``launch_kw``: netns, master_addr, socket_ifname, fail_rank, env (see :func:`replay_cases`)."""
+    return replay_cases([(plan, batches)], cfg, **launch_kw)[0]
+
+
+def replay_cases(cases: list[tuple[Plan, list[MicroBatch]]], cfg: ReplayConfig, *,
+                 netns: list[str | None] | None = None, master_addr: str = "127.0.0.1",
+                 socket_ifname: str | None = None, fail_rank: int | None = None,
+                 env: dict[str, str] | None = None) -> list[ReplayResult]:
+    """Several plans (same cluster, same experts) measured in one run, repeats interleaved; one result each.
+
+    netns / master_addr / socket_ifname: where ranks run (``EmulatedCluster.launch_kwargs()``); fail_rank: test
+    hook, that rank dies after joining; env: extra environment for the ranks.
+    """
     from moeplace.run.launch import launch
 
-    W = plan.cluster.world_size
-    pl = plan.placement
-    check_batches(plan, batches)
+    if not cases:
+        raise ValueError("replay: no cases to run")
+    cluster = cases[0][0].cluster
+    E = int(cases[0][0].placement.num_experts)
+    for plan, batches in cases:
+        if plan.cluster.spec() != cluster.spec() or int(plan.placement.num_experts) != E:
+            raise ValueError(f"replay: plan {plan.strategy!r} is for {plan.cluster.spec()} / E="
+                             f"{plan.placement.num_experts}, the first for {cluster.spec()} / E={E}")
+        check_batches(plan, batches)
+    W = cluster.world_size
     res = launch("moeplace.run.replay:replay_rank", W,
-                 dict(batches=batches, phy2log=pl.phy2log, num_experts=int(pl.num_experts),
-                      gpus_per_node=plan.cluster.gpus_per_node, cfg=cfg),
+                 dict(cases=[(p.placement.phy2log, b) for p, b in cases], num_experts=E,
+                      gpus_per_node=cluster.gpus_per_node, cfg=cfg),
                  netns=netns, master_addr=master_addr, socket_ifname=socket_ifname, timeout=cfg.timeout,
                  fail_rank=fail_rank, env=env)
-    # each rank reports [M, L, W] bytes it sent per destination: stack along the source axis -> [M, L, W, W]
-    by = {k: np.stack([r["bytes"][k] for r in res], axis=2) for k in ("dispatch", "combine", "meta")}
-    secs = np.max(np.stack([r["seconds"] for r in res]), axis=0)  # slowest rank per (repeat, batch, layer)
-    return ReplayResult(by["dispatch"], by["combine"], by["meta"], secs, plan.cluster.gpus_per_node, cfg.two_hop,
-                        [r["outputs"] for r in res] if cfg.return_outputs else None)
+    out = []
+    for c in range(len(cases)):
+        per_rank = [r[c] for r in res]
+        # each rank reports [M, L, W] bytes it sent per destination: stack along the source axis -> [M, L, W, W]
+        by = {k: np.stack([r["bytes"][k] for r in per_rank], axis=2) for k in ("dispatch", "combine", "meta")}
+        secs = np.max(np.stack([r["seconds"] for r in per_rank]), axis=0)  # slowest rank per (rep, batch, layer)
+        out.append(ReplayResult(by["dispatch"], by["combine"], by["meta"], secs, cluster.gpus_per_node,
+                                cfg.two_hop, [r["outputs"] for r in per_rank] if cfg.return_outputs else None))
+    return out
 
 
 def check_batches(plan: Plan, batches: list[MicroBatch]) -> None:
