@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "moeplace.cli.synth_cmd",
     "moeplace.cli.simulate_cmd",
     "moeplace.cli.analyze_cmd",
+    "moeplace.cli.plan_cmd",
     "moeplace.cli.run_cmd",
 )
 

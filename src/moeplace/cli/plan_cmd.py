@@ -1,0 +1,277 @@
+"""``moeplace plan``, ``moeplace compare`` and ``moeplace export``: the planner on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.cli import CliError
+from moeplace.placement import Cluster, Plan
+from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan, workload_from_tokens
+from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
+from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR
+
+TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
+                 ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer MB", "{:.2f}"),
+                 ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
+                 ("plan_seconds", "plan s", "{:.2f}"))
+
+
+def read_load(path: str) -> np.ndarray:
+    """float [L, E] from a JSON [L][E], a JSON object with ``logical_count`` ([L][E] or [B][L][E], summed over B),
+    or an SGLang expert-distribution dump ``.pt`` with ``logical_count`` [B, L, E]."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such load file")
+    if p.suffix == ".pt":
+        try:
+            import torch
+        except ImportError:
+            raise ValueError(f"{p}: reading a .pt dump needs torch, which is not installed") from None
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+        if not isinstance(obj, dict) or "logical_count" not in obj:
+            raise ValueError(f"{p}: expected an SGLang stat dump (a dict with 'logical_count')")
+        arr = np.asarray(obj["logical_count"].float().numpy() if hasattr(obj["logical_count"], "numpy")
+                         else obj["logical_count"], np.float64)
+    else:
+        try:
+            obj = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: not valid JSON ({e})") from None
+        if isinstance(obj, dict):
+            if "logical_count" not in obj:
+                raise ValueError(f"{p}: a JSON object must have 'logical_count' [L][E] (SGLang's format)")
+            obj = obj["logical_count"]
+        try:
+            arr = np.asarray(obj, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{p}: load must be a rectangular [L][E] array of numbers") from None
+    if arr.ndim == 3:
+        arr = arr.sum(axis=0)
+    if arr.ndim != 2:
+        raise ValueError(f"{p}: load must have shape [L, E] (or [buffer, L, E]), got {arr.shape}")
+    return arr
+
+
+def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) -> tuple[Workload, str, dict]:
+    """(workload, planned_on, trace meta extras) from a trace directory or a load file."""
+    if (trace is None) == (load is None):
+        raise CliError("give either a TRACE or --load LOAD.json")
+    if load is not None:
+        return Workload(read_load(load)), str(load), {}
+    from moeplace.trace import read_trace
+
+    t = read_trace(trace)
+    info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}
+    if t.tokens is None:
+        c = t.counts
+        return Workload(c.counts.sum(axis=0)), str(trace), info
+    tk = t.tokens
+    return workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens), \
+        str(trace), info
+
+
+def _params(args: argparse.Namespace) -> dict:
+    kw = {"seed": args.seed}
+    if getattr(args, "groups", None):
+        kw["num_groups"] = args.groups
+    if getattr(args, "time_budget", None):
+        kw["time_budget"] = args.time_budget
+    return kw
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.list:
+        for s in STRATEGIES.values():
+            need = "per-token trace" if s.needs_tokens else "load matrix"
+            print(f"{s.name:<20} {s.summary}  [{need}{', groups requests' if s.groups_requests else ''}]")
+        return 0
+    if not args.strategy or not args.cluster or not args.out:
+        raise CliError("--strategy, --cluster and --out are required (or --list)")
+    cluster = Cluster.parse(args.cluster)
+    work, planned_on, _ = workload_from_path(args.trace, args.load, args.prefix_tokens)
+    get_strategy(args.strategy)
+    kw = _params(args)
+    if args.strategy == "joint":
+        kw["balance_floor"] = args.balance_floor
+    plan = make_plan(args.strategy, work, cluster, args.redundant, planned_on=planned_on, **kw)
+    plan.save(args.out)
+    print(f"{args.strategy}: {plan.placement.num_layers} layers x {plan.placement.num_slots} slots on "
+          f"{cluster.spec()} ({plan.placement.slots_per_gpu} per GPU), {len(plan.homes)} request homes, "
+          f"planned in {plan.plan_seconds:.2f} s -> {args.out}")
+    return 0
+
+
+def format_table(result: dict) -> str:
+    head = f"{'strategy':<20}" + "".join(f"{h:>12}" for _, h, _ in TABLE_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for name, row in result["strategies"].items():
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            v = row.get(key)
+            if key == "max_per_peer_bytes" and v is not None:
+                v = v / 1e6
+            if key == "layer_time_s" and v is not None:
+                v = v * 1e6
+            cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
+        lines.append(f"{name:<20}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def plot_frontier(frontier: dict, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in frontier.items():
+        pts = sorted(pts, key=lambda p: p["balancedness"])
+        ax.plot([p["balancedness"] for p in pts], [p["inter_node_bytes_vs_linear"] for p in pts],
+                marker="o", label=name)
+    ax.set_xlabel("balancedness (held-out, mean/max GPU load)")
+    ax.set_ylabel("inter-node bytes / linear")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from moeplace.plan.compare import compare
+    from moeplace.trace import read_trace
+
+    cluster = Cluster.parse(args.cluster)
+    names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
+    for n in names:
+        get_strategy(n)
+    t = read_trace(args.trace)
+    kw = _params(args)
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(f"  {msg} ...", flush=True)
+
+    res = compare(t, cluster, args.redundant, names, args.holdout, args.split, args.seed, args.prefix_tokens,
+                  args.balance_floor, kw, progress=say)
+    if args.sweep_floor:
+        floors = [float(x) for x in args.sweep_floor.split(",")]
+        frontier: dict = {n: [] for n in names}
+        for n in names:
+            r = res["strategies"][n]
+            frontier[n].append({"balance_floor": None, "balancedness": r["balancedness"],
+                                "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
+        if "joint" in names:
+            frontier["joint"] = []
+            for f in floors:
+                say(f"sweep joint --balance-floor {f}")
+                r = compare(t, cluster, args.redundant, ["joint"], args.holdout, args.split, args.seed,
+                            args.prefix_tokens, f, kw)["strategies"]["joint"]
+                frontier["joint"].append({"balance_floor": f, "balancedness": r["balancedness"],
+                                          "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
+        res["frontier"] = frontier
+        if args.plot:
+            plot_frontier(frontier, args.plot)
+    print(f"{res['trace']} on {res['cluster']}, R={res['num_redundant']}: planned on {res['planning_requests']} "
+          f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens)")
+    print(format_table(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from moeplace.plan.export import export_plan
+
+    plan = Plan.load(args.plan)
+    lm = None
+    if args.trace:
+        from moeplace.trace.store import read_meta
+
+        lm = read_meta(args.trace).moe_layer_map
+    export_plan(plan, args.format, args.out, lm, args.num_decoder_layers)
+    print(f"wrote {args.format} mapping of {args.plan} -> {args.out}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", help="NODESxGPUS, e.g. 4x2")
+    p.add_argument("--redundant", type=int, default=0, help="redundant slots per layer R (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--groups", type=int, default=None, help="eplb: the model's expert groups (DeepSeek-V3: 8); "
+                   "default 1 (global policy)")
+    p.add_argument("--balance-floor", type=float, default=DEFAULT_BALANCE_FLOOR,
+                   help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
+    p.add_argument("--time-budget", type=float, default=None, help="joint: seconds for its local searches "
+                   "(default 45)")
+    p.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS,
+                   help="requests without prefill use their first N decode tokens as the grouping signal "
+                        f"(default {DEFAULT_PREFIX_TOKENS})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    names = ", ".join(STRATEGIES)
+    p = sub.add_parser(
+        "plan", help="plan expert placement, replication and request homes",
+        description=f"Plan a placement with one strategy. Strategies: {names}.",
+        epilog="examples:\n"
+               "  moeplace plan --list\n"
+               "  moeplace plan gpt-oss.trace --strategy joint --cluster 4x2 --redundant 8 --out plan.json\n"
+               "  moeplace plan --load logical_count.json --strategy eplb --cluster 4x8 --redundant 32 "
+               "--groups 8 --out plan.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", nargs="?", help="trace directory (per-token or counts-only)")
+    p.add_argument("--load", help="plan from a load matrix instead: JSON [L][E], JSON {logical_count: ...} or an "
+                   "SGLang stat dump .pt")
+    p.add_argument("--strategy", choices=list(STRATEGIES), metavar="NAME", help=f"one of: {names}")
+    p.add_argument("--out", help="plan JSON to write")
+    p.add_argument("--list", action="store_true", help="list the strategies and what each needs")
+    _common(p)
+    p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser(
+        "compare", help="plan every strategy on one window, score all on a held-out window",
+        description="Plan each strategy on a planning window of requests and replay all of them with the "
+                    "simulator on a disjoint held-out window (decode rows). Grouping strategies give held-out "
+                    "requests homes online from their prefill (or first decode tokens); others use round-robin.",
+        epilog="example:\n  moeplace compare gpt-oss.trace --cluster 4x2 --redundant 8 --sweep-floor 0.9,0.95,0.97 "
+               "--plot frontier.png --json compare.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("trace", help="per-token trace directory")
+    c.add_argument("--strategies", help=f"comma-separated subset of: {names} (default: all)")
+    c.add_argument("--holdout", type=float, default=0.25, help="fraction of requests held out (default 0.25)")
+    c.add_argument("--split", choices=("random", "ordered"), default="random",
+                   help="held-out requests: a seeded random subset, or the last ones of the table (default random)")
+    c.add_argument("--sweep-floor", help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
+    c.add_argument("--plot", help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
+    c.add_argument("--json", help="write the results JSON here")
+    c.add_argument("--quiet", action="store_true", help="no progress lines")
+    _common(c)
+    c.set_defaults(func=lambda a: cmd_compare(a) if a.cluster else _need_cluster())
+
+    e = sub.add_parser(
+        "export", help="write a plan as SGLang's or vLLM's expert mapping",
+        description="Export a plan's placement: 'sglang' writes {physical_to_logical_map: [decoder layers][P]} for "
+                    "--init-expert-location (dense layers get the trivial map); 'vllm' writes the EPLB state "
+                    "(physical_to_logical_map, logical_to_physical_map, logical_replica_count) over MoE layers.",
+        epilog="example:\n  moeplace export plan.json --format sglang --trace ds.trace --out init_location.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument("plan", help="plan JSON from 'moeplace plan'")
+    e.add_argument("--format", required=True, choices=("sglang", "vllm"))
+    e.add_argument("--out", required=True, help="JSON file to write")
+    e.add_argument("--trace", help="trace whose moe_layer_map places MoE layers among decoder layers (sglang)")
+    e.add_argument("--num-decoder-layers", type=int, help="sglang: decoder layers of the model (default: last "
+                   "MoE layer + 1)")
+    e.set_defaults(func=cmd_export)
+
+
+def _need_cluster() -> int:
+    raise CliError("--cluster is required, e.g. --cluster 4x2")

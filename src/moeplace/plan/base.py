@@ -1,0 +1,184 @@
+"""What every strategy plans from and returns, and the helpers they share.
+
+Shape legend: L = MoE layers, E = logical experts, K = top-k, P = physical slots (E + R redundant), W = GPUs,
+N = nodes, G = GPUs per node, S = P / W slots per GPU, T = token rows, Rq = requests of the planning window.
+
+A strategy sees one planning window (:class:`Workload`): the expert load ``[L, E]`` always, and for per-token
+traces the routing of every token row of the window. Rows flagged ``signal`` are what a scheduler knows when the
+request arrives (its prefill routing; for decode-only traces, the first few decode tokens, see
+:func:`workload_from_tokens`); the grouping of new requests uses only those. All other rows are the traffic the
+placement is planned for (decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeplace.placement import Cluster
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One planning window.
+
+    ``load`` is always set; the token fields are None for counts-only inputs (a bare load matrix).
+    """
+
+    load: np.ndarray  # float64 [L, E]: token-expert selections per expert in the traffic rows
+    request_ids: np.ndarray | None = None  # int64 [Rq]: requests of the window (trace ids)
+    token_request: np.ndarray | None = None  # int64 [T]: index into request_ids of each token row
+    expert_ids: np.ndarray | None = None  # int16 [T, L, K]: routed experts, router order
+    signal: np.ndarray | None = None  # bool [T]: rows known at admission (prefill); used to group requests
+
+    def __post_init__(self) -> None:
+        load = np.asarray(self.load, np.float64)
+        if load.ndim != 2:
+            raise ValueError(f"load: expected shape [L, E], got {load.shape}")
+        if load.size and (not np.isfinite(load).all() or load.min() < 0):
+            raise ValueError("load: entries must be finite and >= 0")
+        object.__setattr__(self, "load", load)
+        if self.expert_ids is not None:
+            T = len(self.expert_ids)
+            if self.expert_ids.ndim != 3 or self.expert_ids.shape[1] != load.shape[0]:
+                raise ValueError(f"expert_ids: expected shape [T, {load.shape[0]}, K], got {self.expert_ids.shape}")
+            for name in ("token_request", "signal"):
+                a = getattr(self, name)
+                if a is None or len(a) != T:
+                    raise ValueError(f"{name}: expected {T} entries (one per token row)")
+
+    @property
+    def num_layers(self) -> int:
+        return self.load.shape[0]
+
+    @property
+    def num_experts(self) -> int:
+        return self.load.shape[1]
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.expert_ids is not None
+
+    @property
+    def num_requests(self) -> int:
+        return 0 if self.request_ids is None else len(self.request_ids)
+
+    def traffic(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token_request [Tt], expert_ids [Tt, L, K]) of the traffic rows (not signal); all rows if none are."""
+        self._need_tokens("traffic")
+        m = ~self.signal
+        if not m.any():
+            m = np.ones_like(m)
+        return self.token_request[m], self.expert_ids[m]
+
+    def request_counts(self, rows: str = "signal") -> np.ndarray:
+        """float32 [Rq, L, E]: per-request expert counts over ``rows`` ("signal", "traffic" or "all")."""
+        self._need_tokens("request_counts")
+        if rows == "signal":
+            m = self.signal
+        elif rows == "traffic":
+            m = ~self.signal if (~self.signal).any() else np.ones_like(self.signal)
+        elif rows == "all":
+            m = np.ones_like(self.signal)
+        else:
+            raise ValueError(f"rows: expected 'signal', 'traffic' or 'all', got {rows!r}")
+        return request_expert_counts(self.token_request[m], self.expert_ids[m], self.num_requests, self.num_experts)
+
+    def _need_tokens(self, what: str) -> None:
+        if not self.has_tokens:
+            raise ValueError(f"{what} needs per-token routing, but this workload is a bare load matrix")
+
+
+@dataclass
+class StrategyResult:
+    """What a strategy returns."""
+
+    phy2log: np.ndarray  # int64 [L, P]
+    homes: np.ndarray | None = None  # int64 [Rq]: home GPU of each planning-window request (None: round-robin)
+    grouper: object | None = None  # a grouping.Grouper for new requests (None: round-robin)
+    extra: dict = field(default_factory=dict)  # parameters and diagnostics (JSON-serialisable)
+
+
+def request_expert_counts(token_request: np.ndarray, expert_ids: np.ndarray, num_requests: int,
+                          num_experts: int) -> np.ndarray:
+    """float32 [Rq, L, E]: how often each request's tokens selected each expert, per layer.
+
+    token_request: int [T] request index per row; expert_ids: int [T, L, K].
+    """
+    T, L, K = expert_ids.shape
+    out = np.zeros((num_requests, L, num_experts), np.float32)
+    if T == 0:
+        return out
+    flat = (token_request.astype(np.int64)[:, None, None] * L + np.arange(L)[None, :, None]) * num_experts
+    flat = (flat + expert_ids.astype(np.int64)).ravel()
+    out.ravel()[:] = np.bincount(flat, minlength=out.size).astype(np.float32)
+    return out
+
+
+def load_from_tokens(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """float64 [L, E]: token-expert selections per layer and expert. expert_ids: int [T, L, K]."""
+    T, L, K = expert_ids.shape
+    flat = (np.arange(L)[None, :, None] * num_experts + expert_ids.astype(np.int64)).ravel()
+    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.float64)
+
+
+def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: np.ndarray, num_experts: int,
+                         prefix_tokens: int = 32) -> Workload:
+    """Build a Workload from token rows (request_id [T], phase [T] 0 prefill / 1 decode, expert_ids [T, L, K]).
+
+    Signal rows are the prefill rows. A request with no prefill rows (decode-only traces such as gpt-oss-20b)
+    uses its first ``prefix_tokens`` decode rows (in row order) as its signal instead; those rows then stand for
+    the prompt and are not traffic. Rows are assumed to be in generation order within each request.
+    """
+    rid = np.asarray(request_id, np.int64)
+    phase = np.asarray(phase)
+    if prefix_tokens < 0:
+        raise ValueError(f"prefix_tokens must be >= 0, got {prefix_tokens}")
+    uniq, inv = np.unique(rid, return_inverse=True)
+    signal = phase == 0
+    has_prefill = np.bincount(inv, weights=signal, minlength=len(uniq)) > 0
+    if prefix_tokens and not has_prefill.all():
+        order = np.argsort(inv, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(np.bincount(inv, minlength=len(uniq)))[:-1]])
+        rank = np.empty(len(rid), np.int64)
+        rank[order] = np.arange(len(rid)) - starts[inv[order]]
+        signal = signal | ((~has_prefill[inv]) & (rank < prefix_tokens))
+    traffic = ~signal
+    load = load_from_tokens(expert_ids[traffic] if traffic.any() else expert_ids, num_experts)
+    return Workload(load, uniq, inv.astype(np.int64), np.asarray(expert_ids), signal)
+
+
+def check_sizes(num_layers: int, num_experts: int, cluster: Cluster, num_redundant: int) -> tuple[int, int]:
+    """Validate (E, R) against the cluster; returns (P, S)."""
+    W = cluster.world_size
+    if num_redundant < 0:
+        raise ValueError(f"num_redundant must be >= 0, got {num_redundant}")
+    P = num_experts + num_redundant
+    if P % W:
+        raise ValueError(
+            f"num_redundant={num_redundant}: {num_experts} experts + {num_redundant} redundant slots = {P} slots are "
+            f"not divisible by {W} GPUs (cluster {cluster.spec()}); pick R so that E + R is a multiple of {W}"
+        )
+    return P, P // W
+
+
+def balancedness(gpu_load: np.ndarray) -> float:
+    """mean_g / max_g per layer, averaged over layers. gpu_load: float [L, W]. Layers with no load count as 1."""
+    gl = np.asarray(gpu_load, np.float64)
+    mx = gl.max(axis=1)
+    per = np.where(mx > 0, gl.mean(axis=1) / np.where(mx > 0, mx, 1.0), 1.0)
+    return float(per.mean())
+
+
+def ideal_gpu_load(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
+    """float [L, W]: GPU load if every expert's load splits evenly over its replicas (EPLB's own model).
+
+    phy2log: int [L, P]; load: float [L, E].
+    """
+    L, P = phy2log.shape
+    E = load.shape[1]
+    cnt = np.zeros((L, E))
+    np.add.at(cnt, (np.arange(L)[:, None], phy2log), 1)
+    per_slot = np.take_along_axis(load / np.maximum(cnt, 1), phy2log, axis=1)  # [L, P]
+    return per_slot.reshape(L, num_gpus, P // num_gpus).sum(axis=2)

@@ -1,0 +1,205 @@
+"""DeepSeek's Expert Parallelism Load Balancer (EPLB), re-expressed in numpy and vectorised across layers.
+
+Shape legend: L = MoE layers, E = logical experts, P = physical slots, W = GPUs, N = nodes, X = rows of a batch
+of independent problems (layers, or layers x nodes).
+
+Semantics follow github.com/deepseek-ai/EPLB (``rebalance_experts``): plan from load alone.
+
+1. *Hierarchical* policy (when the expert groups divide evenly among nodes): pack expert groups onto nodes with
+   balanced packing, replicate experts inside each node, then pack the node's physical experts onto its GPUs.
+2. *Global* policy (otherwise): replicate over all experts, then pack all physical experts onto all GPUs.
+
+Replication repeatedly gives one more replica to the expert with the largest load per replica. Balanced packing
+puts items, heaviest first, into the lightest pack that still has room, so that every pack gets exactly the same
+number of items.
+
+Difference from the original: a pack never receives two replicas of one logical expert (the original can put two
+replicas of a hot expert on one GPU, which wastes a slot and balances nothing). Replica counts are capped at the
+number of packs that could hold them, the packing skips packs that already hold the expert, and a repair pass
+swaps items if the greedy order ever leaves no such pack.
+
+Example (EPLB's README): 2 layers x 12 experts, 16 slots, 4 groups, 2 nodes, 8 GPUs -> hierarchical policy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moeplace.placement import Cluster
+from moeplace.plan.base import StrategyResult, Workload, check_sizes
+
+
+def balanced_packing(weight: np.ndarray, num_packs: int, key: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Pack the n items of each row into ``num_packs`` packs of exactly n / num_packs items, balancing pack weight.
+
+    weight: float [X, n] item weights; key: optional int [X, n], items with equal key never share a pack (a
+    logical expert id). Returns (pack [X, n], rank [X, n]): each item's pack and its position inside the pack.
+    Greedy: items by decreasing weight, each into the lightest pack with room (and without the same key).
+    """
+    weight = np.asarray(weight, np.float64)
+    X, n = weight.shape
+    if num_packs < 1 or n % num_packs:
+        raise ValueError(f"balanced_packing: {n} items cannot fill {num_packs} packs equally")
+    per = n // num_packs
+    if per == 1 and key is None:
+        ar = np.broadcast_to(np.arange(n), (X, n)).copy()
+        return ar, np.zeros((X, n), np.int64)
+    rows = np.arange(X)
+    order = np.argsort(-weight, axis=1, kind="stable")  # [X, n]
+    pack = np.full((X, n), -1, np.int64)
+    rank = np.full((X, n), -1, np.int64)
+    pw = np.zeros((X, num_packs))
+    pn = np.zeros((X, num_packs), np.int64)
+    has = None
+    if key is not None:
+        key = np.asarray(key, np.int64)
+        has = np.zeros((X, num_packs, int(key.max()) + 1), bool)
+    for j in range(n):
+        item = order[:, j]
+        cost = np.where(pn < per, pw, np.inf)
+        if has is not None:
+            k = key[rows, item]
+            free = np.where(has[rows, :, k], np.inf, cost)
+            stuck = np.isinf(free.min(axis=1))
+            cost = np.where(stuck[:, None], cost, free)  # stuck rows: any pack with room, repaired below
+        p = np.argmin(cost, axis=1)
+        pack[rows, item] = p
+        rank[rows, item] = pn[rows, p]
+        pw[rows, p] += weight[rows, item]
+        pn[rows, p] += 1
+        if has is not None:
+            has[rows, p, k] = True
+    if key is not None:
+        _repair_duplicates(weight, key, pack, rank)
+    return pack, rank
+
+
+def _repair_duplicates(weight: np.ndarray, key: np.ndarray, pack: np.ndarray, rank: np.ndarray) -> None:
+    """Swap items so no pack holds two items with one key (rows where the greedy got stuck; rare). In place."""
+    X, n = weight.shape
+    for x in range(X):
+        for _ in range(n):
+            pk = pack[x] * (key[x].max() + 1) + key[x]
+            u, c = np.unique(pk, return_counts=True)
+            if (c == 1).all():
+                break
+            dup_code = u[np.argmax(c > 1)]
+            i = int(np.flatnonzero(pk == dup_code)[-1])  # the lighter of the two (heaviest-first order)
+            p, k = int(pack[x, i]), int(key[x, i])
+            best, best_cost = -1, np.inf
+            for j in range(n):
+                q, kj = int(pack[x, j]), int(key[x, j])
+                if q == p or kj == k:
+                    continue
+                keys_q = key[x, pack[x] == q]
+                keys_p = key[x, pack[x] == p]
+                if k in keys_q or kj in keys_p:
+                    continue
+                cst = abs(weight[x, i] - weight[x, j])
+                if cst < best_cost:
+                    best, best_cost = j, cst
+            if best < 0:
+                return  # infeasible; Placement validation will report the duplicate
+            pack[x, i], pack[x, best] = pack[x, best], pack[x, i]
+            rank[x, i], rank[x, best] = rank[x, best], rank[x, i]
+
+
+def replicate_experts(weight: np.ndarray, num_phy: int, max_replicas: int | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Give ``num_phy - n`` extra replicas, one at a time, to the expert with the largest load per replica.
+
+    weight: float [X, n]; ``max_replicas`` caps the replicas of one expert (the number of packs, so that no two
+    replicas need to share one). Returns (phy2log [X, num_phy], rank [X, num_phy], count [X, n]); the first n
+    physical experts are the logical ones in order.
+    """
+    weight = np.asarray(weight, np.float64)
+    X, n = weight.shape
+    extra = num_phy - n
+    if extra < 0:
+        raise ValueError(f"replicate_experts: {num_phy} physical experts cannot hold {n} logical ones")
+    if max_replicas is not None and n * max_replicas < num_phy:
+        raise ValueError(f"replicate_experts: {num_phy} slots need more than {max_replicas} replicas per expert")
+    rows = np.arange(X)
+    phy2log = np.concatenate([np.broadcast_to(np.arange(n), (X, n)), np.zeros((X, extra), np.int64)], axis=1)
+    rank = np.zeros((X, num_phy), np.int64)
+    cnt = np.ones((X, n), np.int64)
+    for i in range(n, num_phy):
+        score = weight / cnt
+        if max_replicas is not None:
+            score = np.where(cnt >= max_replicas, -np.inf, score)
+        e = np.argmax(score, axis=1)
+        phy2log[:, i] = e
+        rank[:, i] = cnt[rows, e]
+        cnt[rows, e] += 1
+    return phy2log.astype(np.int64), rank, cnt
+
+
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    """Row-wise inverse of permutations [X, n]."""
+    inv = np.empty_like(perm)
+    np.put_along_axis(inv, perm, np.broadcast_to(np.arange(perm.shape[1]), perm.shape), axis=1)
+    return inv
+
+
+def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
+                           num_gpus: int) -> np.ndarray:
+    """EPLB's hierarchical policy. load: float [L, E]. Returns phy2log int [L, P] (P = num_slots).
+
+    Expert groups (``num_groups`` contiguous blocks of E / num_groups experts) are packed onto nodes, experts are
+    replicated inside each node, and each node's physical experts are packed onto its GPUs.
+    """
+    load = np.asarray(load, np.float64)
+    L, E = load.shape
+    N, W, P = num_nodes, num_gpus, num_slots
+    if E % num_groups or num_groups % N or W % N or P % W or P % N:
+        raise ValueError(f"hierarchical EPLB: need E={E} divisible by groups={num_groups}, groups by nodes={N}, "
+                         f"GPUs={W} by nodes and slots={P} by GPUs")
+    gsize, G, S = E // num_groups, W // N, P // W
+    en, pn = E // N, P // N  # logical experts and slots per node
+    # 1. groups -> nodes
+    group_load = load.reshape(L, num_groups, gsize).sum(axis=2)
+    gpack, grank = balanced_packing(group_load, N)
+    groups_per_node = num_groups // N
+    # node-major order of logical experts: m = (node * groups_per_node + rank) * gsize + offset
+    log2m = ((gpack * groups_per_node + grank) * gsize)[:, :, None] + np.arange(gsize)
+    log2m = log2m.reshape(L, E)
+    m2log = _inverse(log2m)
+    # 2. replicate inside each node: rows are (layer, node)
+    w_m = np.take_along_axis(load, m2log, axis=1).reshape(L * N, en)
+    phy2m, _, mcnt = replicate_experts(w_m, pn, max_replicas=G)
+    # 3. pack each node's physical experts onto its G GPUs
+    w_phy = np.take_along_axis(w_m / mcnt, phy2m, axis=1)
+    pack, rank = balanced_packing(w_phy, G, key=phy2m)
+    pos = pack * S + rank  # slot inside the node of each physical expert
+    slot2m = np.empty_like(phy2m)
+    np.put_along_axis(slot2m, pos, phy2m, axis=1)
+    slot2m = (slot2m.reshape(L, N, pn) + (np.arange(N) * en)[None, :, None]).reshape(L, P)
+    return np.take_along_axis(m2log, slot2m, axis=1)
+
+
+def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int, num_gpus: int) -> np.ndarray:
+    """EPLB entry point: hierarchical policy when ``num_groups % num_nodes == 0``, else the global policy.
+
+    load: float [L, E] per-expert load; returns phy2log int [L, P] with P = num_slots (a multiple of num_gpus).
+    """
+    load = np.asarray(load, np.float64)
+    if load.ndim != 2:
+        raise ValueError(f"load: expected shape [L, E], got {load.shape}")
+    E = load.shape[1]
+    if num_groups >= 1 and num_groups % num_nodes == 0 and E % num_groups == 0:
+        return rebalance_hierarchical(load, num_slots, num_groups, num_nodes, num_gpus)
+    return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus)
+
+
+def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1, **_: object
+              ) -> StrategyResult:
+    """Registry adapter: EPLB from the window's load [L, E]. ``num_groups``: the model's expert groups
+    (DeepSeek-V3: 8); the default 1 selects the global policy unless the cluster has one node."""
+    P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    phy2log = rebalance(work.load, P, num_groups, cluster.num_nodes, cluster.world_size)
+    policy = "hierarchical" if num_groups % cluster.num_nodes == 0 and work.num_experts % num_groups == 0 \
+        else "global"
+    return StrategyResult(phy2log, extra={"num_groups": num_groups, "policy": policy})

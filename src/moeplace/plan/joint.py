@@ -1,0 +1,451 @@
+"""``joint`` (ours): placement, replication and request grouping optimised together for inter-node bytes, subject
+to a balancedness floor.
+
+Shape legend: L = MoE layers, E = logical experts, K = top-k, P = slots, W = GPUs, N = nodes, G = GPUs per node,
+S = P / W, T = token rows (a sample of the window's traffic), Rq = requests, D = L * E.
+
+Objective: inter-node sends under per-GPU dedup (a token sends its hidden vector once to every GPU on another node
+that serves one of its experts), counted exactly on a sample of the planning window's traffic rows with the
+simulator's replica tiers (own GPU, else own node, else any replica; ties by the static rule ``home % tier``).
+Constraint: every layer's GPU load max <= mean / floor (load of the whole window's traffic, same replica rule).
+
+Alternation (``iters`` rounds, the best round kept):
+
+1. homes: K-means clusters of the requests' prefill activations, one per node (first round), then the node that
+   minimises each request's own inter-node sends under the current placement, under equal node capacities;
+   a :class:`~moeplace.plan.grouping.Grouper` is fitted to those labels from prefill routing alone, and the
+   planning window gets the grouper's homes (what new requests will get online, so the placement is planned for
+   the grouping that will really happen).
+2. placement given homes, per layer: each expert's primary slot on the node that uses it most (equal primaries per
+   node), the redundant slots to the experts each node uses most among those it lacks (a replica on the node
+   cuts that node's traffic and splits the expert's load), node slots packed onto GPUs by load; then a local
+   search over slot swaps and replica re-targeting that accepts a move when it lowers
+   ``sends + penalty * overflow`` (overflow = load above the cap), measured exactly on the sample.
+3. The final plan is replayed by the simulator on the planning window (its default least-loaded replica rule);
+   if balancedness falls below the floor the cap tightens and step 2 reruns.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from moeplace.placement import Cluster
+from moeplace.plan.base import StrategyResult, Workload, balancedness, check_sizes
+from moeplace.plan.clusters import node_counts, pack_within_nodes, replica_load
+from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
+
+DEFAULT_BALANCE_FLOOR = 0.95
+PENALTY = 4.0  # sends one unit of load above the cap is worth (per layer, in sample units)
+
+
+# --------------------------------------------------------------------------------------------------- replica rule
+
+
+def serve_table(phy2log_l: np.ndarray, slots_per_gpu: int, gpus_per_node: int, num_gpus: int,
+                num_experts: int) -> np.ndarray:
+    """int [W, E]: GPU serving expert e for a token homed on GPU h, by the static nearest-tier rule.
+
+    phy2log_l: int [P]. Tiers: replicas on h, else on h's node, else all; inside the tier, candidate h % size in
+    slot order (the simulator's ``nearest-static`` rule).
+    """
+    out = np.empty((num_gpus, num_experts), np.int64)
+    for e in range(num_experts):
+        out[:, e] = _serve_column(np.flatnonzero(phy2log_l == e), slots_per_gpu, gpus_per_node, num_gpus)
+    return out
+
+
+def _serve_column(slots: np.ndarray, S: int, G: int, W: int) -> np.ndarray:
+    """int [W]: serving GPU for every home, for one expert held by ``slots`` (ascending)."""
+    gpus = slots // S
+    h = np.arange(W)
+    tier = np.where(gpus[None, :] == h[:, None], 0, np.where(gpus[None, :] // G == h[:, None] // G, 1, 2))
+    ok = tier == tier.min(axis=1, keepdims=True)
+    pick = h % ok.sum(axis=1)
+    j = np.argmax(ok & (np.cumsum(ok, axis=1) - 1 == pick[:, None]), axis=1)
+    return gpus[j]
+
+
+def token_sends(serve: np.ndarray, home: np.ndarray, ids: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """int [T]: inter-node sends (per-GPU dedup) of each token in one layer.
+
+    serve: int [W, E]; home: int [T] home GPU; ids: int [T, K] experts.
+    """
+    g = serve[home[:, None], ids]
+    remote = g // gpus_per_node != (home // gpus_per_node)[:, None]
+    if serve.shape[0] <= 64:  # bit set of remote GPUs, then popcount
+        bits = np.where(remote, np.left_shift(np.uint64(1), g.astype(np.uint64)), np.uint64(0))
+        return np.bitwise_count(np.bitwise_or.reduce(bits, axis=1)).astype(np.int64)
+    s = np.sort(np.where(remote, g, -1), axis=1)
+    return (s[:, 0] >= 0).astype(np.int64) + ((s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)).sum(axis=1)
+
+
+def gpu_load(serve: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """float [W]: pairs each GPU computes. serve: int [W, E]; use: float [W, E] pairs by home GPU and expert."""
+    return np.bincount(serve.ravel(), weights=use.ravel(), minlength=serve.shape[0])
+
+
+# --------------------------------------------------------------------------------------------------- local search
+
+
+class _LayerSearch:
+    """Incremental objective of one layer: sends + penalty * load above the cap, under the static replica rule.
+
+    Two measures of the sends: ``exact`` counts inter-node sends (per-GPU dedup) of the sampled tokens, scaled to
+    the window; the pairwise model (``exact=False``) uses whole-window counts: remote pairs minus pairs of one
+    token's experts that land on the same remote GPU (inclusion-exclusion to second order; exact whenever no
+    three of a token's experts share a remote GPU). The model needs no sample and costs O(W * E) per move, so
+    the search runs on it first and the exact measure polishes.
+    """
+
+    def __init__(self, p2l: np.ndarray, S: int, G: int, use: np.ndarray, cap: float, penalty: float,
+                 co: np.ndarray | None = None, home: np.ndarray | None = None, ids: np.ndarray | None = None,
+                 scale: float = 1.0, offset: np.ndarray | None = None) -> None:
+        self.p2l = p2l.copy()
+        self.S, self.G, self.W = S, G, use.shape[0]
+        self.E = use.shape[1]
+        self.use, self.cap, self.penalty, self.scale = use, cap, penalty, scale
+        self.node_h = np.arange(self.W) // G
+        self.serve = serve_table(self.p2l, S, G, self.W, self.E)
+        self.load = gpu_load(self.serve, use) + (0.0 if offset is None else offset)
+        self.exact = ids is not None
+        if self.exact:
+            self.home, self.ids = home, ids.astype(np.int64)
+            self.sends = token_sends(self.serve, home, self.ids, G)
+            T, K = self.ids.shape
+            flat = self.ids.ravel()
+            order = np.argsort(flat, kind="stable")
+            self.tok_sorted = order // K
+            self.tok_start = np.searchsorted(flat[order], np.arange(self.E + 1))
+            self._mark = np.zeros(T, bool)
+        else:
+            self.co = co  # [W, E, E]
+
+    def tokens_of(self, experts: tuple[int, ...]) -> np.ndarray:
+        """int [n]: sample tokens selecting any of ``experts`` (each once, ascending)."""
+        for e in experts:
+            self._mark[self.tok_sorted[self.tok_start[e]:self.tok_start[e + 1]]] = True
+        idx = np.flatnonzero(self._mark)
+        self._mark[idx] = False
+        return idx
+
+    def overflow(self, load: np.ndarray) -> float:
+        return float(np.maximum(load - self.cap, 0.0).sum())
+
+    def model_sends(self, serve: np.ndarray, touched: tuple[int, ...]) -> float:
+        """Pairwise-model sends of the pairs involving ``touched`` experts under ``serve`` (each pair once)."""
+        rem = (serve // self.G) != self.node_h[:, None]  # [W, E]
+        t = np.asarray(touched)
+        total = float((self.use[:, t] * rem[:, t]).sum())
+        same = serve[:, t][:, :, None] == serve[:, None, :]  # [W, |t|, E]
+        coloc = same & rem[:, t][:, :, None]
+        c = self.co[:, t, :] * coloc
+        inner = np.isin(np.arange(self.E), t)
+        total -= float(c[:, :, ~inner].sum()) + 0.5 * float(c[:, :, inner].sum())
+        return total
+
+    def try_move(self, new_slots: dict[int, int]) -> float:
+        """Objective change of setting slots to experts ({slot: expert}); applied when it improves (< 0)."""
+        old = {p: int(self.p2l[p]) for p in new_slots}
+        touched = tuple(sorted(set(old.values()) | set(new_slots.values())))
+        for p, e in new_slots.items():
+            self.p2l[p] = e
+        saved = self.serve[:, touched].copy()
+        new_serve = self.serve.copy() if not self.exact else self.serve
+        load = self.load.copy()
+        for e in touched:
+            col = _serve_column(np.flatnonzero(self.p2l == e), self.S, self.G, self.W)
+            u = self.use[:, e]
+            load -= np.bincount(new_serve[:, e], weights=u, minlength=self.W)
+            load += np.bincount(col, weights=u, minlength=self.W)
+            new_serve[:, e] = col
+        dpen = self.penalty * (self.overflow(load) - self.overflow(self.load))
+        if self.exact:
+            tok = self.tokens_of(touched)
+            new_sends = token_sends(self.serve, self.home[tok], self.ids[tok], self.G)
+            delta = float(new_sends.sum() - self.sends[tok].sum()) * self.scale + dpen
+        else:
+            delta = self.model_sends(new_serve, touched) - self.model_sends(self.serve, touched) + dpen
+        if delta < -1e-9:
+            if self.exact:
+                self.sends[tok] = new_sends
+            else:
+                self.serve = new_serve
+            self.load = load
+            return delta
+        for p, e in old.items():
+            self.p2l[p] = e
+        if self.exact:
+            self.serve[:, touched] = saved
+        return delta
+
+    def run(self, rng: np.random.Generator, deadline: float, max_passes: int = 6) -> int:
+        """First-improvement passes over slot swaps and replica re-targeting, in random order; returns moves made."""
+        P, S = len(self.p2l), self.S
+        cand = [(0, p, q) for p in range(P) for q in range(p + 1, P) if p // S != q // S]
+        cand += [(1, p, e) for p in range(P) for e in range(self.E)]
+        moves = 0
+        for _ in range(max_passes):
+            improved = False
+            for i in rng.permutation(len(cand)):
+                if time.perf_counter() > deadline:
+                    return moves
+                kind, p, x = cand[i]
+                a = int(self.p2l[p])
+                gp = p // S
+                on_gp = self.p2l[gp * S:(gp + 1) * S]
+                if kind == 0:
+                    b = int(self.p2l[x])
+                    gq = x // S
+                    if a == b or b in on_gp or a in self.p2l[gq * S:(gq + 1) * S]:
+                        continue
+                    move = {p: b, x: a}
+                else:
+                    if x == a or x in on_gp or (self.p2l == a).sum() < 2:
+                        continue
+                    move = {p: x}
+                if self.try_move(move) < 0:
+                    improved = True
+                    moves += 1
+            if not improved:
+                break
+        return moves
+
+
+def coactivation_by_home(home: np.ndarray, ids: np.ndarray, num_gpus: int, num_experts: int) -> np.ndarray:
+    """float [W, E, E]: symmetric counts of expert pairs in one token's top-k, by the token's home GPU (one layer).
+
+    home: int [T]; ids: int [T, K].
+    """
+    T, K = ids.shape
+    E = num_experts
+    out = np.zeros(num_gpus * E * E)
+    base = home.astype(np.int64) * E * E
+    ids = ids.astype(np.int64)
+    for i in range(K):
+        for j in range(i + 1, K):
+            a, b = ids[:, i], ids[:, j]
+            out += np.bincount(base + a * E + b, minlength=out.size)
+            out += np.bincount(base + b * E + a, minlength=out.size)
+    out = out.reshape(num_gpus, E, E)
+    out[:, np.arange(E), np.arange(E)] = 0.0
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- steps
+
+
+def initial_placement(use_node: np.ndarray, num_slots: int, gpus_per_node: int) -> np.ndarray:
+    """phy2log int [L, P] from per-node use [N, L, E]: equal primaries per node by affinity, redundant slots to
+    each node's most used missing experts, node slots packed onto GPUs by :func:`replica_load`."""
+    N, L, E = use_node.shape
+    P = num_slots
+    per_node = P // N
+    prim = -(-E // N)  # primaries per node (ceil); the last nodes may take fewer
+    out = np.zeros((L, N, per_node), np.int64)
+    for layer in range(L):
+        u = use_node[:, layer, :]
+        order = np.argsort(-u, axis=None, kind="stable")
+        held: list[list[int]] = [[] for _ in range(N)]
+        placed = np.zeros(E, bool)
+        for flat in order:
+            n, e = divmod(int(flat), E)
+            if not placed[e] and len(held[n]) < min(prim, per_node):
+                held[n].append(e)
+                placed[e] = True
+        for e in np.flatnonzero(~placed):  # only when primaries cannot split evenly
+            n = min(range(N), key=lambda n: (len(held[n]) >= per_node, -u[n, e]))
+            held[n].append(int(e))
+        for n in range(N):
+            have = set(held[n])
+            for e in np.argsort(-u[n], kind="stable"):
+                if len(held[n]) >= per_node:
+                    break
+                if int(e) not in have:
+                    held[n].append(int(e))
+        out[layer] = np.asarray(held)
+    p2l = out.reshape(L, P)
+    return pack_within_nodes(p2l, replica_load(p2l, use_node, N), N, gpus_per_node)
+
+
+def request_node_cost(phy2log: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, num_requests: int, S: int,
+                      G: int, W: int, E: int) -> np.ndarray:
+    """float [Rq, N]: inter-node sends of each request's rows (ids [T, L, K]) if it were homed on each node."""
+    T, L, K = ids.shape
+    N = W // G
+    out = np.zeros((num_requests, N))
+    for layer in range(L):
+        serve = serve_table(phy2log[layer], S, G, W, E)
+        for n in range(N):
+            home = n * G + tok_req % G
+            out[:, n] += np.bincount(tok_req, weights=token_sends(serve, home, ids[:, layer, :], G),
+                                     minlength=num_requests)
+    return out
+
+
+def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_node: int, round_size: int
+                ) -> Grouper:
+    """Nearest-centroid classifier: node n's row is the normalised mean prefill feature of the requests labelled n."""
+    rows = []
+    for n in range(num_nodes):
+        m = labels == n
+        v = feats[m].sum(axis=0) if m.any() else np.zeros(feats.shape[1], np.float32)
+        rows.append(v / max(float(np.linalg.norm(v)), 1e-12))
+    return Grouper(np.stack(rows), gpus_per_node, round_size, kind="centroids")
+
+
+def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
+    """float [L, W, E]: traffic pairs by home GPU and expert."""
+    T, L, K = ids.shape
+    h = homes[tok_req]
+    flat = (np.arange(L)[None, :, None] * W + h[:, None, None]) * E + ids.astype(np.int64)
+    return np.bincount(flat.ravel(), minlength=L * W * E).reshape(L, W, E).astype(np.float64)
+
+
+def _sample_rows(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(n) if n <= k else np.sort(rng.choice(n, k, replace=False))
+
+
+def window_objective(phy2log: np.ndarray, homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, S: int, G: int,
+                     W: int, E: int) -> float:
+    """Total inter-node sends (static rule) of rows ids [T, L, K] with request homes [Rq]."""
+    h = homes[tok_req]
+    return float(sum(token_sends(serve_table(phy2log[layer], S, G, W, E), h, ids[:, layer, :], G).sum()
+                     for layer in range(ids.shape[1])))
+
+
+def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, sample: np.ndarray, P: int,
+                      cluster: Cluster, floor: float, rng: np.random.Generator, deadline: float,
+                      penalty: float = PENALTY, exact_share: float = 0.3, start: np.ndarray | None = None,
+                      offset: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """Step 2 of the alternation: phy2log [L, P] for fixed homes [Rq] (traffic rows ids [T, L, K]).
+
+    Per layer: :func:`initial_placement` (or ``start`` [L, P]), a local search on the pairwise model (whole
+    window), then on the exact sample measure (``exact_share`` of the time). ``offset`` [L, W] is added to the
+    modelled GPU load (the simulator's least-loaded rule minus the static model). Returns (phy2log, stats).
+    """
+    N, G, W = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size
+    L = ids.shape[1]
+    E = int(ids.max()) + 1 if ids.size else 1
+    S = P // W
+    if start is None:
+        p2l = initial_placement(node_counts(tok_req, ids, homes // G, N, E), P, G)
+    else:
+        p2l = start
+    use = _use_by_gpu(tok_req, ids, homes, W, E)
+    scale = len(tok_req) / max(len(sample), 1)
+    h_all = homes[tok_req]
+    h = h_all[sample]
+    out = p2l.copy()
+    moves = [0, 0]
+    for layer in range(L):
+        cap = use[layer].sum() / W / floor
+        left = max(deadline - time.perf_counter(), 0.0) / (L - layer)
+        t_model = time.perf_counter() + left * (1.0 - exact_share)
+        co = coactivation_by_home(h_all, ids[:, layer, :], W, E)
+        off = None if offset is None else offset[layer]
+        model = _LayerSearch(p2l[layer], S, G, use[layer], cap, penalty, co=co, offset=off)
+        moves[0] += model.run(rng, t_model)
+        exact = _LayerSearch(model.p2l, S, G, use[layer], cap, penalty, home=h, ids=ids[sample, layer, :],
+                             scale=scale, offset=off)
+        moves[1] += exact.run(rng, time.perf_counter() + left * exact_share)
+        out[layer] = exact.p2l
+    return out, {"model_moves": moves[0], "exact_moves": moves[1]}
+
+
+def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """float [L, W]: GPU load of the window's traffic rows replayed by the simulator (default replica rule).
+
+    Rows keep their order inside each request; a row's decode step is its rank in its request, so micro-batches
+    are the ones the simulator forms on the trace itself.
+    """
+    from moeplace.placement import Placement, Plan
+    from moeplace.simulate import CostConfig, simulate
+    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+
+    tr = work.token_request
+    order = np.argsort(tr, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(tr, minlength=work.num_requests))[:-1]])
+    rank = np.empty(len(tr), np.int64)
+    rank[order] = np.arange(len(tr)) - starts[tr[order]]
+    m = ~work.signal if (~work.signal).any() else np.ones(len(tr), bool)
+    Rq = work.num_requests
+    K = work.expert_ids.shape[2]
+    meta = TraceMeta(model="planning-window", num_layers=work.num_layers, num_experts=work.num_experts, top_k=K,
+                     hidden_size=1)
+    reqs = Requests(np.arange(Rq, dtype=np.int64), np.full(Rq, "unknown", object), np.full(Rq, "", object),
+                    np.zeros(Rq, np.int32), np.zeros(Rq, np.int32))
+    tok = TokenChunk(tr[m].astype(np.int64), rank[m].astype(np.int32), np.ones(int(m.sum()), np.int8),
+                     work.expert_ids[m])
+    plan = Plan(Placement(phy2log, work.num_experts, cluster.world_size), cluster,
+                {i: int(h) for i, h in enumerate(homes.tolist())}, "joint")
+    res = simulate(Trace(meta, reqs, tok, None), plan, cost=CostConfig(hidden_size=1))
+    return res.decode.load.astype(np.float64)
+
+
+# --------------------------------------------------------------------------------------------------- strategy
+
+
+def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_floor: float = DEFAULT_BALANCE_FLOOR,
+               seed: int = 0, iters: int = 3, round_size: int = DEFAULT_ROUND, sample_tokens: int = 16384,
+               time_budget: float = 45.0, max_fit_requests: int = 4096, balance_rounds: int = 2, **_: object
+               ) -> StrategyResult:
+    """Registry adapter for the joint strategy (see the module docstring).
+
+    balance_floor: required balancedness (mean/max GPU load per layer, averaged) on the planning window.
+    sample_tokens: traffic rows the local search measures exactly; time_budget: seconds for all local searches.
+    """
+    if not 0.0 < balance_floor <= 1.0:
+        raise ValueError(f"balance_floor must be in (0, 1], got {balance_floor}")
+    t_start = time.perf_counter()
+    P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
+    N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
+    rng = np.random.default_rng(seed)
+    feats = normalise_rows(work.request_counts("signal"))
+    Rq = work.num_requests
+    if Rq < N:
+        raise ValueError(f"joint: the planning window has {Rq} requests, fewer than {N} nodes")
+    tok_req, ids = work.traffic()
+    sample = _sample_rows(len(tok_req), sample_tokens, rng)
+    fit = feats if Rq <= max_fit_requests else feats[rng.choice(Rq, max_fit_requests, replace=False)]
+    cent, _ = kmeans(fit, N, seed=seed)
+    grouper = Grouper(cent, G, round_size, kind="centroids")
+    homes = grouper.assign(feats)
+    best = None
+    history = []
+    per_iter = time_budget / max(iters + balance_rounds, 1)
+    L = work.num_layers
+    floor = min(1.0, balance_floor + 0.01)
+    for it in range(iters):
+        deadline = time.perf_counter() + per_iter
+        p2l, stats = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline)
+        obj = window_objective(p2l, homes, tok_req[sample], ids[sample], S, G, W, E)
+        history.append({"iter": it, "sample_inter_node_sends": obj, **stats})
+        if best is None or obj < best[0]:
+            best = (obj, p2l, homes, grouper)
+        # re-home: the node each request would send least from, balanced; then a grouper that predicts it online
+        cost = request_node_cost(p2l, tok_req[sample], ids[sample], Rq, S, G, W, E)
+        labels = balanced_assign(-cost, np.full(N, -(-Rq // N)))
+        grouper = fit_grouper(feats, labels, N, G, round_size)
+        homes = grouper.assign(feats)
+    obj, p2l, homes, grouper = best
+    # balance as the simulator measures it (least-loaded replica rule) on the planning window; correct and re-search
+    balance = []
+    for _ in range(balance_rounds):
+        sim_load = simulated_load(work, p2l, homes, cluster)
+        balance.append(balancedness(sim_load))
+        if balance[-1] >= floor:
+            break
+        use = _use_by_gpu(tok_req, ids, homes, W, E)
+        static = np.stack([gpu_load(serve_table(p2l[layer], S, G, W, E), use[layer]) for layer in range(L)])
+        floor = min(1.0, floor + 0.01)
+        deadline = time.perf_counter() + per_iter
+        p2l, _ = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline, start=p2l,
+                                   offset=sim_load - static)
+    else:
+        balance.append(balancedness(simulated_load(work, p2l, homes, cluster)))
+    extra = {"planning_balancedness": balance,
+             "balance_floor": balance_floor, "seed": seed, "iters": iters, "sample_tokens": int(len(sample)),
+             "history": history, "seconds": time.perf_counter() - t_start}
+    return StrategyResult(p2l, homes, grouper, extra)
