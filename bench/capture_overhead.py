@@ -78,10 +78,32 @@ def main(argv: list[str] | None = None) -> int:
         sync()
         return time.perf_counter() - t, time.process_time() - c
 
+    inside = [0.0]  # seconds spent in the recorder's own code (hooks, begin/end_batch) in the current run
+
+    def timed(fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - t
+
+        return wrapper
+
+    def timed_recorder(w: TraceWriter) -> RoutingRecorder:
+        """The real recorder with its hooks and batch methods wrapped in timers (before the hooks attach)."""
+        rec = RoutingRecorder(model, writer=w)
+        make_hook = rec._router_hook
+        rec._router_hook = lambda slot: timed(make_hook(slot))
+        for name in ("_pre_forward", "_post_forward", "begin_batch", "end_batch"):
+            setattr(rec, name, timed(getattr(rec, name)))
+        return rec
+
     def recorded(w: TraceWriter, i: int) -> tuple[float, float, int]:
         sync()
+        inside[0] = 0.0
         t, c = time.perf_counter(), time.process_time()
-        with RoutingRecorder(model, writer=w) as rec:
+        with timed_recorder(w) as rec:
             rec.begin_batch(np.arange(args.batch) + i * args.batch, prompt_width=args.prompt_len)
             with torch.no_grad():
                 out = model.generate(**kw)
@@ -89,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         sync()
         return time.perf_counter() - t, time.process_time() - c, len(cb.tokens)
 
-    base, rec, ratios, cpu_ratios = [], [], [], []
+    base, rec, ratios, cpu_ratios, in_rec = [], [], [], [], []
     rows = 0
     with tempfile.TemporaryDirectory() as td, TraceWriter(Path(td) / "bench.trace", meta) as w:
         plain()
@@ -105,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
             rec.append(r)
             ratios.append(r / b)
             cpu_ratios.append(rc / bc)
-            print(f"repeat {i}: plain {b:.3f} s, recorded {r:.3f} s, ratio {r / b:.4f}", file=sys.stderr)
+            in_rec.append(inside[0] / b)
+            print(f"repeat {i}: plain {b:.3f} s, recorded {r:.3f} s, ratio {r / b:.4f}, "
+                  f"in recorder {inside[0] * 1000:.1f} ms", file=sys.stderr)
 
     result = {
         "median_ratio": float(np.median(ratios)),
         "ratios": ratios,
         "best_of_ratio": float(min(rec) / min(base)),  # fastest recorded / fastest plain: robust to neighbours
+        "median_in_recorder_share": float(np.median(in_rec)),  # time inside recorder code / plain wall time
         "median_cpu_time_ratio": float(np.median(cpu_ratios)),  # process CPU time: less sensitive to neighbours
         "cpu_time_ratios": cpu_ratios,
         "plain_s": base,
@@ -126,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"capture overhead: median ratio {result['median_ratio']:.4f} "
           f"({(result['median_ratio'] - 1) * 100:+.1f}%) over {args.repeats} interleaved pairs "
-          f"(best-of ratio {result['best_of_ratio']:.4f}, CPU-time ratio {result['median_cpu_time_ratio']:.4f}); "
+          f"(best-of ratio {result['best_of_ratio']:.4f}, CPU-time ratio {result['median_cpu_time_ratio']:.4f}, "
+          f"time inside the recorder {result['median_in_recorder_share'] * 100:.1f}% of plain); "
           f"plain generate {result['median_plain_s']:.2f} s, {rows} token rows recorded per run")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -28,8 +28,9 @@ def _load_model(spec: str, device: str, dtype: str):
     import torch
 
     if spec == "reference":
-        model, tokenizer = _reference().load_reference()
-        return model.to(device).eval(), tokenizer, "reference"
+        kw = {} if dtype == "auto" else {"dtype": dtype}
+        model, tokenizer = _reference().load_reference(device=device, **kw)
+        return model, tokenizer, "moeplace-reference"
     d = Path(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,7 +51,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.sample_every < 1:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
     if args.prompts == "builtin":
-        rows = [dict(r, source="builtin") for r in _reference().builtin_prompts()]
+        rows = _reference().builtin_prompts()
     else:
         rows = load_prompts(args.prompts)
     if args.model != "reference" and not Path(args.model).is_dir():

@@ -224,6 +224,7 @@ class RoutingRecorder:
                 raise ValueError("writer metadata has has_weights=True but record_weights=False")
         eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
         self.eos_token_ids = np.asarray(list(eos), dtype=np.int64)
+        self._multi_device = len({p.device for _, _, r in self.routers for p in r.parameters()}) > 1
         self._handles: list = []
         self._active = False
         self._batch: dict | None = None
@@ -288,11 +289,13 @@ class RoutingRecorder:
         if any(t is None for t in self._cur_ids):
             missing = [self.routers[i][1] for i, t in enumerate(self._cur_ids) if t is None]
             raise TraceError(f"routers {missing} did not run in this forward; cannot record routing")
-        dev = self._cur_ids[0].device  # layers may sit on several devices (device_map="auto")
-        ids = torch.stack([t.to(dev, non_blocking=True) for t in self._cur_ids]).to(torch.int16)  # [L, N, K]
-        w = None
-        if self.record_weights:
-            w = torch.stack([t.detach().to(dev, non_blocking=True) for t in self._cur_w]).to(torch.float16)
+        cur_ids, cur_w = self._cur_ids, self._cur_w
+        if self._multi_device:  # layers spread over devices (device_map="auto"): gather on the first
+            dev = cur_ids[0].device
+            cur_ids = [t.to(dev, non_blocking=True) for t in cur_ids]
+            cur_w = [t.to(dev, non_blocking=True) for t in cur_w]
+        ids = torch.stack(cur_ids).to(torch.int16)  # [L, N, K]
+        w = torch.stack(cur_w).detach().to(torch.float16) if self.record_weights else None
         tokens, mask = self._cur_inputs
         self._cur_inputs = None
         B = self._batch["n"]
@@ -304,8 +307,11 @@ class RoutingRecorder:
         if mask is not None:
             if mask.dim() != 2 or mask.shape[0] != B:
                 raise TraceError(f"attention_mask of shape {tuple(mask.shape)}: expected 2-D [{B}, columns]")
-            real = mask[:, -S:] != 0
-            pos = (mask.cumsum(-1)[:, -S:] - 1).to(torch.int32)
+            real = mask[:, -S:] != 0  # a new tensor: a view would keep the whole mask alive
+            if S == 1:  # decode: the new token's position is the count of real columns before it
+                pos = (mask.sum(-1, keepdim=True) - 1).to(torch.int32)
+            else:
+                pos = (mask.cumsum(-1)[:, -S:] - 1).to(torch.int32)
         if tokens is not None:
             tokens = tokens[:, -S:].clone()  # a view would keep generate's whole [B, columns] tensor alive
         self._steps.append(_Step(ids, w, tokens, real, pos, S))
