@@ -111,7 +111,8 @@ def _metis_parts(adj: np.ndarray, vweight: np.ndarray, nparts: int, seed: int) -
         xadj.append(len(adjncy))
     opts = pymetis.Options(seed=seed)
     vw = np.maximum(1, np.round(vweight)).astype(np.int64).tolist()
-    _, parts = pymetis.part_graph(nparts, xadj=xadj, adjncy=adjncy, vweights=vw, eweights=ew, options=opts)
+    csr = pymetis.CSRAdjacency(adj_starts=xadj, adjacent=adjncy)
+    _, parts = pymetis.part_graph(nparts, csr, vweights=vw, eweights=ew, options=opts)
     return np.asarray(parts, np.int64)
 
 

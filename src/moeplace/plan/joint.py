@@ -32,8 +32,8 @@ import time
 import numpy as np
 
 from moeplace.placement import Cluster
-from moeplace.plan.base import StrategyResult, Workload, balancedness, check_sizes
-from moeplace.plan.clusters import node_counts, pack_within_nodes, replica_load
+from moeplace.plan.base import StrategyResult, Workload, balancedness, check_sizes, request_expert_counts
+from moeplace.plan.clusters import pack_within_nodes, replica_load
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
 
 DEFAULT_BALANCE_FLOOR = 0.95
@@ -284,6 +284,27 @@ def request_node_cost(phy2log: np.ndarray, tok_req: np.ndarray, ids: np.ndarray,
     return out
 
 
+def signal_features(work: Workload, requests: np.ndarray) -> np.ndarray:
+    """float32 [n, D]: L2-normalised prefill activation vectors of the given requests (indices into the window)."""
+    pos = np.full(work.num_requests, -1, np.int64)
+    pos[requests] = np.arange(len(requests))
+    m = work.signal & (pos[work.token_request] >= 0)
+    counts = request_expert_counts(pos[work.token_request[m]], work.expert_ids[m], len(requests), work.num_experts)
+    return normalise_rows(counts)
+
+
+def assign_all(grouper: Grouper, work: Workload, chunk: int = 2048) -> np.ndarray:
+    """int64 [Rq]: homes of every request of the window from the grouper (features computed in chunks)."""
+    Rq = work.num_requests
+    scores = np.empty((Rq, grouper.num_nodes), np.float32)
+    for s in range(0, Rq, chunk):
+        idx = np.arange(s, min(Rq, s + chunk))
+        scores[idx] = signal_features(work, idx) @ grouper.weights.T
+    from moeplace.plan.grouping import assign_rounds
+
+    return assign_rounds(scores, grouper.gpus_per_node, grouper.round_size)
+
+
 def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_node: int, round_size: int
                 ) -> Grouper:
     """Nearest-centroid classifier: node n's row is the normalised mean prefill feature of the requests labelled n."""
@@ -298,9 +319,11 @@ def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_
 def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
     """float [L, W, E]: traffic pairs by home GPU and expert."""
     T, L, K = ids.shape
-    h = homes[tok_req]
-    flat = (np.arange(L)[None, :, None] * W + h[:, None, None]) * E + ids.astype(np.int64)
-    return np.bincount(flat.ravel(), minlength=L * W * E).reshape(L, W, E).astype(np.float64)
+    h = homes[tok_req].astype(np.int64)[:, None] * E
+    out = np.empty((L, W, E))
+    for layer in range(L):  # one layer at a time bounds the temporaries
+        out[layer] = np.bincount((h + ids[:, layer, :]).ravel(), minlength=W * E).reshape(W, E)
+    return out
 
 
 def _sample_rows(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -329,11 +352,12 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
     L = ids.shape[1]
     E = int(ids.max()) + 1 if ids.size else 1
     S = P // W
+    use = _use_by_gpu(tok_req, ids, homes, W, E)
     if start is None:
-        p2l = initial_placement(node_counts(tok_req, ids, homes // G, N, E), P, G)
+        use_node = use.reshape(L, N, G, E).sum(axis=2).transpose(1, 0, 2)  # [N, L, E]
+        p2l = initial_placement(use_node, P, G)
     else:
         p2l = start
-    use = _use_by_gpu(tok_req, ids, homes, W, E)
     scale = len(tok_req) / max(len(sample), 1)
     h_all = homes[tok_req]
     h = h_all[sample]
@@ -354,8 +378,11 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
     return out, {"model_moves": moves[0], "exact_moves": moves[1]}
 
 
-def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, cluster: Cluster) -> np.ndarray:
+def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, cluster: Cluster,
+                   requests: np.ndarray | None = None) -> np.ndarray:
     """float [L, W]: GPU load of the window's traffic rows replayed by the simulator (default replica rule).
+
+    homes: int [Rq] home GPU of every window request; requests: optional int [n] subset of request indices.
 
     Rows keep their order inside each request; a row's decode step is its rank in its request, so micro-batches
     are the ones the simulator forms on the trace itself.
@@ -370,6 +397,8 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
     rank = np.empty(len(tr), np.int64)
     rank[order] = np.arange(len(tr)) - starts[tr[order]]
     m = ~work.signal if (~work.signal).any() else np.ones(len(tr), bool)
+    if requests is not None:
+        m &= np.isin(tr, requests)
     Rq = work.num_requests
     K = work.expert_ids.shape[2]
     meta = TraceMeta(model="planning-window", num_layers=work.num_layers, num_experts=work.num_experts, top_k=K,
@@ -389,12 +418,15 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
 
 def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_floor: float = DEFAULT_BALANCE_FLOOR,
                seed: int = 0, iters: int = 3, round_size: int = DEFAULT_ROUND, sample_tokens: int = 16384,
-               time_budget: float = 45.0, max_fit_requests: int = 4096, balance_rounds: int = 2, **_: object
-               ) -> StrategyResult:
+               time_budget: float = 45.0, max_fit_requests: int = 4096, balance_rounds: int = 2,
+               max_rows: int = 1 << 18, max_check_requests: int = 2048, **_: object) -> StrategyResult:
     """Registry adapter for the joint strategy (see the module docstring).
 
     balance_floor: required balancedness (mean/max GPU load per layer, averaged) on the planning window.
     sample_tokens: traffic rows the local search measures exactly; time_budget: seconds for all local searches.
+    Large windows: the alternation learns on at most ``max_fit_requests`` requests and ``max_rows`` of their
+    traffic rows, the simulator check replays ``max_check_requests`` of them, and every request of the window
+    gets its home from the fitted grouper.
     """
     if not 0.0 < balance_floor <= 1.0:
         raise ValueError(f"balance_floor must be in (0, 1], got {balance_floor}")
@@ -402,14 +434,21 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
     rng = np.random.default_rng(seed)
-    feats = normalise_rows(work.request_counts("signal"))
     Rq = work.num_requests
     if Rq < N:
         raise ValueError(f"joint: the planning window has {Rq} requests, fewer than {N} nodes")
-    tok_req, ids = work.traffic()
+    tok_req_all, ids_all = work.traffic()
+    # learning set: at most max_fit_requests requests (all of them on small windows) and their traffic rows
+    learn = np.sort(rng.choice(Rq, max_fit_requests, replace=False)) if Rq > max_fit_requests else np.arange(Rq)
+    feats = signal_features(work, learn)
+    in_learn = np.full(Rq, -1, np.int64)
+    in_learn[learn] = np.arange(len(learn))
+    rows = np.flatnonzero(in_learn[tok_req_all] >= 0)
+    rows = rows if len(rows) <= max_rows else np.sort(rng.choice(rows, max_rows, replace=False))
+    tok_req, ids = in_learn[tok_req_all[rows]], ids_all[rows]
+    Rl = len(learn)
     sample = _sample_rows(len(tok_req), sample_tokens, rng)
-    fit = feats if Rq <= max_fit_requests else feats[rng.choice(Rq, max_fit_requests, replace=False)]
-    cent, _ = kmeans(fit, N, seed=seed)
+    cent, _ = kmeans(feats, N, seed=seed)
     grouper = Grouper(cent, G, round_size, kind="centroids")
     homes = grouper.assign(feats)
     best = None
@@ -424,28 +463,39 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         history.append({"iter": it, "sample_inter_node_sends": obj, **stats})
         if best is None or obj < best[0]:
             best = (obj, p2l, homes, grouper)
+        if it == iters - 1:
+            break
         # re-home: the node each request would send least from, balanced; then a grouper that predicts it online
-        cost = request_node_cost(p2l, tok_req[sample], ids[sample], Rq, S, G, W, E)
-        labels = balanced_assign(-cost, np.full(N, -(-Rq // N)))
+        cost = request_node_cost(p2l, tok_req[sample], ids[sample], Rl, S, G, W, E)
+        labels = balanced_assign(-cost, np.full(N, -(-Rl // N)))
         grouper = fit_grouper(feats, labels, N, G, round_size)
         homes = grouper.assign(feats)
     obj, p2l, homes, grouper = best
     # balance as the simulator measures it (least-loaded replica rule) on the planning window; correct and re-search
     balance = []
+    check = learn if len(learn) <= max_check_requests else np.sort(rng.choice(learn, max_check_requests, False))
+    check_homes = np.zeros(Rq, np.int64)
+    check_homes[learn] = homes
     for _ in range(balance_rounds):
-        sim_load = simulated_load(work, p2l, homes, cluster)
+        sim_load = simulated_load(work, p2l, check_homes, cluster, check)
         balance.append(balancedness(sim_load))
         if balance[-1] >= floor:
             break
-        use = _use_by_gpu(tok_req, ids, homes, W, E)
+        # offset = (simulated - static-model) load shares, in the search's units (all learning rows)
+        sel = np.isin(learn[tok_req], check)
+        use = _use_by_gpu(tok_req[sel], ids[sel], homes, W, E)
         static = np.stack([gpu_load(serve_table(p2l[layer], S, G, W, E), use[layer]) for layer in range(L)])
+        total = _use_by_gpu(tok_req, ids, homes, W, E).sum(axis=(1, 2))[:, None]
+        share = sim_load / np.maximum(sim_load.sum(axis=1, keepdims=True), 1) \
+            - static / np.maximum(static.sum(axis=1, keepdims=True), 1)
         floor = min(1.0, floor + 0.01)
         deadline = time.perf_counter() + per_iter
         p2l, _ = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline, start=p2l,
-                                   offset=sim_load - static)
+                                   offset=share * total)
     else:
-        balance.append(balancedness(simulated_load(work, p2l, homes, cluster)))
+        balance.append(balancedness(simulated_load(work, p2l, check_homes, cluster, check)))
+    all_homes = homes if len(learn) == Rq else assign_all(grouper, work)
     extra = {"planning_balancedness": balance,
              "balance_floor": balance_floor, "seed": seed, "iters": iters, "sample_tokens": int(len(sample)),
              "history": history, "seconds": time.perf_counter() - t_start}
-    return StrategyResult(p2l, homes, grouper, extra)
+    return StrategyResult(p2l, all_homes, grouper, extra)

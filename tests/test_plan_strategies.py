@@ -1,0 +1,143 @@
+"""Every registered strategy yields a valid plan; grouping keeps batches balanced; joint respects its floor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moeplace.placement import Cluster, Plan
+from moeplace.plan import STRATEGIES, Workload, make_plan, workload_from_tokens
+from moeplace.plan.base import load_from_tokens
+from moeplace.plan.grouping import Grouper, assign_rounds, balanced_assign, kmeans, normalise_rows
+from moeplace.plan.joint import _serve_column, serve_table, token_sends
+from moeplace.plan.linear import round_robin_phy2log
+from moeplace.simulate import build_route_tables
+
+
+def clustered_tokens(seed: int = 0, n_req: int = 24, L: int = 3, E: int = 16, K: int = 2, per_req: int = 24):
+    """Requests of 4 kinds, each preferring its own quarter of the experts (a workload grouping can exploit)."""
+    rng = np.random.default_rng(seed)
+    rid, phase, ids = [], [], []
+    for r in range(n_req):
+        kind = r % 4
+        pref = np.arange(kind * E // 4, (kind + 1) * E // 4)
+        for t in range(per_req):
+            rid.append(r)
+            phase.append(0 if t < 6 else 1)
+            row = []
+            for _ in range(L):
+                pool = pref if rng.random() < 0.8 else np.arange(E)
+                row.append(rng.choice(pool, K, replace=False))
+            ids.append(row)
+    return np.array(rid), np.array(phase, np.int8), np.array(ids, np.int16)
+
+
+@pytest.fixture(scope="module")
+def work() -> Workload:
+    rid, phase, ids = clustered_tokens()
+    return workload_from_tokens(rid, phase, ids, 16)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_gives_a_valid_plan(name, work):
+    cluster = Cluster(2, 2)
+    kw = {"time_budget": 2.0, "iters": 2} if name == "joint" else {}
+    plan = make_plan(name, work, cluster, num_redundant=4, planned_on="test", **kw)
+    assert plan.placement.phy2log.shape == (3, 20)
+    assert plan.plan_seconds >= 0 and plan.planned_on == "test"
+    if STRATEGIES[name].groups_requests:
+        assert len(plan.homes) == work.num_requests
+        counts = np.bincount(list(plan.homes.values()), minlength=4)
+        assert counts.max() - counts.min() <= 2  # capacity-balanced homes
+        assert "grouper" in plan.extra
+    again = Plan.from_json(plan.to_json())
+    np.testing.assert_array_equal(again.placement.phy2log, plan.placement.phy2log)
+    assert again.homes == plan.homes
+
+
+def test_token_strategies_refuse_load_only_input():
+    w = Workload(np.ones((2, 8)))
+    for name, s in STRATEGIES.items():
+        if s.needs_tokens:
+            with pytest.raises(ValueError, match="per-token"):
+                make_plan(name, w, Cluster(2, 2), 0)
+        else:
+            make_plan(name, w, Cluster(2, 2), 0)
+
+
+def test_bad_redundant_names_the_value():
+    with pytest.raises(ValueError, match="num_redundant=3"):
+        make_plan("eplb", Workload(np.ones((2, 8))), Cluster(2, 2), 3)
+    with pytest.raises(ValueError, match="unknown strategy 'nope'"):
+        make_plan("nope", Workload(np.ones((2, 8))), Cluster(2, 2), 0)
+
+
+def test_round_robin_spreads_consecutive_experts():
+    p2l = round_robin_phy2log(1, 8, 12, 4)
+    gpu_of = {int(e): p // 3 for p, e in enumerate(p2l[0][:]) if p % 3 < 2}
+    assert [gpu_of[e] for e in range(4)] == [0, 1, 2, 3]
+
+
+def test_serve_table_matches_simulator_static_rule():
+    rng = np.random.default_rng(3)
+    S, G, W, E = 3, 2, 4, 9
+    p2l = np.concatenate([rng.permutation(E), rng.choice(E, 3, replace=False)])
+    p2l = p2l.reshape(W, S)
+    for g in range(W):  # make sure no GPU holds an expert twice
+        assert len(set(p2l[g])) == S
+    p2l = p2l.ravel()
+    tab = build_route_tables(p2l[None], np.arange(W * S) // S, np.arange(W) // G, E)
+    np.testing.assert_array_equal(serve_table(p2l, S, G, W, E), tab.static_gpu.reshape(E, W).T)
+    np.testing.assert_array_equal(_serve_column(np.flatnonzero(p2l == 0), S, G, W),
+                                  tab.static_gpu.reshape(E, W)[0])
+
+
+def test_token_sends_loop_reference():
+    rng = np.random.default_rng(4)
+    serve = rng.integers(0, 8, (8, 16))
+    home = rng.integers(0, 8, 200)
+    ids = np.stack([rng.choice(16, 4, replace=False) for _ in range(200)])
+    got = token_sends(serve, home, ids, 2)
+    want = [len({int(serve[h, e]) for e in row if serve[h, e] // 2 != h // 2}) for h, row in zip(home, ids,
+                                                                                               strict=True)]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_grouping_capacity_and_kmeans():
+    rng = np.random.default_rng(0)
+    x = normalise_rows(np.abs(rng.normal(size=(50, 6))) + np.repeat(np.eye(5, 6) * 5, 10, axis=0))
+    cent, labels = kmeans(x, 5, seed=0)
+    assert len(np.unique(labels)) == 5
+    homes = assign_rounds(x @ cent.T, gpus_per_node=2, round_size=20)
+    counts = np.bincount(homes, minlength=10)
+    assert counts.max() - counts.min() <= 2
+    out = balanced_assign(np.array([[1.0, 0.0], [0.9, 0.0], [0.8, 0.1]]), np.array([2, 1]))
+    assert np.bincount(out, minlength=2).tolist() == [2, 1]
+    g = Grouper(cent, 2, 20)
+    assert Grouper.from_json(g.to_json()).assign(x).tolist() == g.assign(x).tolist()
+
+
+def test_joint_beats_linear_and_respects_floor_on_clustered_workload(work):
+    from moeplace.plan.base import balancedness
+    from moeplace.plan.joint import simulated_load, window_objective
+
+    cluster = Cluster(2, 2)
+    plan = make_plan("joint", work, cluster, 4, balance_floor=0.8, time_budget=3.0, iters=2)
+    homes = np.array([plan.homes[int(r)] for r in work.request_ids])
+    tr, ids = work.traffic()
+    ours = window_objective(plan.placement.phy2log, homes, tr, ids, 5, 2, 4, 16)
+    lin = make_plan("linear", work, cluster, 4)
+    rr = np.arange(work.num_requests) % 4
+    base = window_objective(lin.placement.phy2log, rr, tr, ids, 5, 2, 4, 16)
+    assert ours < 0.9 * base
+    assert balancedness(simulated_load(work, plan.placement.phy2log, homes, cluster)) >= 0.8 - 1e-9
+    assert plan.extra["planning_balancedness"][-1] >= 0.8 - 1e-9
+
+
+def test_workload_prefix_signal_for_decode_only_requests():
+    rid = np.array([0, 0, 0, 1, 1, 1])
+    phase = np.array([1, 1, 1, 0, 1, 1], np.int8)
+    ids = np.zeros((6, 1, 1), np.int16)
+    w = workload_from_tokens(rid, phase, ids, 2, prefix_tokens=2)
+    assert w.signal.tolist() == [True, True, False, True, False, False]
+    np.testing.assert_array_equal(w.load, load_from_tokens(ids[~w.signal], 2))
