@@ -12,6 +12,7 @@ import sys
 
 COMMAND_MODULES = (
     "moeplace.cli.demo_cmd",
+    "moeplace.cli.train_cmd",
     "moeplace.cli.trace_cmd",
     "moeplace.cli.synth_cmd",
     "moeplace.cli.simulate_cmd",

