@@ -119,8 +119,10 @@ def request_expert_counts(token_request: np.ndarray, expert_ids: np.ndarray, num
 def load_from_tokens(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
     """float64 [L, E]: token-expert selections per layer and expert. expert_ids: int [T, L, K]."""
     T, L, K = expert_ids.shape
-    flat = (np.arange(L)[None, :, None] * num_experts + expert_ids.astype(np.int64)).ravel()
-    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts).astype(np.float64)
+    out = np.zeros((L, num_experts))
+    for layer in range(L):  # one layer at a time bounds the temporaries
+        out[layer] = np.bincount(expert_ids[:, layer, :].ravel().astype(np.int64), minlength=num_experts)
+    return out
 
 
 def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: np.ndarray, num_experts: int,

@@ -181,28 +181,32 @@ class _LayerSearch:
         return delta
 
     def run(self, rng: np.random.Generator, deadline: float, max_passes: int = 6) -> int:
-        """First-improvement passes over slot swaps and replica re-targeting, in random order; returns moves made."""
-        P, S = len(self.p2l), self.S
-        cand = [(0, p, q) for p in range(P) for q in range(p + 1, P) if p // S != q // S]
-        cand += [(1, p, e) for p in range(P) for e in range(self.E)]
+        """First-improvement passes over slot swaps and replica re-targeting, in random order; returns moves made.
+
+        Candidates are indices into P * P ordered slot pairs (swaps, p < q on different GPUs) followed by P * E
+        (slot, new expert) re-targetings, decoded on the fly so large layers cost nothing to enumerate.
+        """
+        P, S, E = len(self.p2l), self.S, self.E
+        n_swap = P * P
         moves = 0
         for _ in range(max_passes):
             improved = False
-            for i in rng.permutation(len(cand)):
+            for i in rng.permutation(n_swap + P * E):
                 if time.perf_counter() > deadline:
                     return moves
-                kind, p, x = cand[i]
-                a = int(self.p2l[p])
-                gp = p // S
-                on_gp = self.p2l[gp * S:(gp + 1) * S]
-                if kind == 0:
-                    b = int(self.p2l[x])
-                    gq = x // S
-                    if a == b or b in on_gp or a in self.p2l[gq * S:(gq + 1) * S]:
+                if i < n_swap:
+                    p, x = divmod(int(i), P)
+                    if p >= x or p // S == x // S:
+                        continue
+                    a, b = int(self.p2l[p]), int(self.p2l[x])
+                    on_p, on_x = self.p2l[p // S * S:(p // S + 1) * S], self.p2l[x // S * S:(x // S + 1) * S]
+                    if a == b or b in on_p or a in on_x:
                         continue
                     move = {p: b, x: a}
                 else:
-                    if x == a or x in on_gp or (self.p2l == a).sum() < 2:
+                    p, x = divmod(int(i) - n_swap, E)
+                    a = int(self.p2l[p])
+                    if x == a or x in self.p2l[p // S * S:(p // S + 1) * S] or (self.p2l == a).sum() < 2:
                         continue
                     move = {p: x}
                 if self.try_move(move) < 0:
@@ -367,7 +371,7 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
         cap = use[layer].sum() / W / floor
         left = max(deadline - time.perf_counter(), 0.0) / (L - layer)
         t_model = time.perf_counter() + left * (1.0 - exact_share)
-        co = coactivation_by_home(h_all, ids[:, layer, :], W, E)
+        co = coactivation_by_home(h, ids[sample, layer, :], W, E) * scale
         off = None if offset is None else offset[layer]
         model = _LayerSearch(p2l[layer], S, G, use[layer], cap, penalty, co=co, offset=off)
         moves[0] += model.run(rng, t_model)
