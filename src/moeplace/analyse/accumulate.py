@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeplace.analyse.stats import js_divergence, shared_experts
+from moeplace.analyse.stats import js_divergence, pair_bincount, shared_experts, symmetrise
 from moeplace.trace.store import DECODE
 
 DEFAULT_CARRY_REQUESTS = 1 << 16
@@ -56,8 +56,8 @@ class TokenAccumulator:
         self.L, self.E, self.K, self.D = L, E, top_k, num_domains
         self.num_tokens = 0
         self.load = np.zeros((2, num_domains, L, E), np.int64)  # [phase, domain, L, E]
-        self.coact = np.zeros(L * E * E, np.int64) if coactivation else None  # router slot a < b; see finish()
-        self.inter = np.zeros(max(L - 1, 0) * E * E, np.int64) if interlayer else None
+        self.coact = np.zeros((L, E * E), np.int64) if coactivation else None  # router slot a < b; see finish()
+        self.inter = np.zeros((max(L - 1, 0), E * E), np.int64) if interlayer else None
         self.req = np.zeros((num_slots, 2, L, E), np.float32)  # [S, phase, L, E]
         self.temporal = temporal
         self.overlap_sum = np.zeros(L, np.int64)  # shared experts summed over consecutive decode pairs
@@ -71,6 +71,9 @@ class TokenAccumulator:
         self.drift_js: list[np.ndarray] = []  # [L] per consecutive window pair
         self.split_js: list[np.ndarray] = []  # [L] per closed window: even vs odd request ids
         self._le = (np.arange(L) * E)[None, :, None]
+        # Tokens per vectorised step: small enough that the [T, L, K] temporaries stay in cache, large enough that
+        # each layer's pair bincount fills its E x E counters several times over (bench/analyse_speed.py).
+        self.block_tokens = max(256, (1 << 19) // (L * top_k), 8 * E * E // max(top_k * (top_k - 1), 1))
 
     def update(
         self,
@@ -86,23 +89,28 @@ class TokenAccumulator:
         expert_ids: [T, L, K] (validated ids); request_id, position, phase: [T]; domain: [T] ints in [0, D)
         (None: all 0); slot: [T] tracked-request slot in [0, S) or -1 (None: no request tracked).
         """
-        T = expert_ids.shape[0]
-        if T == 0:
-            return
-        if expert_ids.shape[1:] != (self.L, self.K):
+        if expert_ids.ndim != 3 or expert_ids.shape[1:] != (self.L, self.K):
             raise ValueError(f"expert_ids: expected [T, {self.L}, {self.K}], got {expert_ids.shape}")
+        step = self.block_tokens
+        for s in range(0, expert_ids.shape[0], step):
+            sl = slice(s, s + step)
+            self._update_block(expert_ids[sl], request_id[sl], position[sl], phase[sl],
+                               None if domain is None else domain[sl], None if slot is None else slot[sl])
+
+    def _update_block(self, expert_ids, request_id, position, phase, domain, slot) -> None:
+        T = expert_ids.shape[0]
         idx = expert_ids.astype(np.intp, copy=False)
         le = idx + self._le  # [T, L, K]: l * E + e
         ph = np.asarray(phase, dtype=np.intp)
         dom = np.zeros(T, np.intp) if domain is None else np.asarray(domain, dtype=np.intp)
         rid = np.asarray(request_id)
         self._add_load(le, ph, dom, rid)
-        if self.coact is not None and self.K >= 2:
-            a, b = np.triu_indices(self.K, 1)
-            self.coact += np.bincount((le[:, :, a] * self.E + idx[:, :, b]).ravel(), minlength=self.coact.size)
-        if self.inter is not None and self.L >= 2:
-            flat = (le[:, :-1, :, None] * self.E + idx[:, 1:, None, :]).ravel()
-            self.inter += np.bincount(flat, minlength=self.inter.size)
+        if self.coact is not None or self.inter is not None:
+            ids_lkt = np.ascontiguousarray(idx.transpose(1, 2, 0))  # [L, K, T]
+            if self.coact is not None:
+                self.coact += pair_bincount(ids_lkt, self.E)
+            if self.inter is not None:
+                self.inter += pair_bincount(ids_lkt, self.E, interlayer=True)
         if slot is not None and len(self.req):
             self._add_requests(le, ph, np.asarray(slot, dtype=np.intp))
         if self.temporal:
@@ -177,8 +185,7 @@ class TokenAccumulator:
 
     def finish(self) -> None:
         """Symmetrise the co-activation counts. Call once, after the last chunk (a partial last window is dropped)."""
-        if self.coact is not None and self.coact.ndim == 1:
-            c = self.coact.reshape(self.L, self.E, self.E)
-            self.coact = c + c.transpose(0, 2, 1) - np.einsum("lii->li", c)[:, :, None] * np.eye(self.E, dtype=np.int64)
-        if self.inter is not None and self.inter.ndim == 1:
-            self.inter = self.inter.reshape(max(self.L - 1, 0), self.E, self.E)
+        if self.coact is not None and self.coact.ndim == 2:
+            self.coact = symmetrise(self.coact, self.E)
+        if self.inter is not None and self.inter.ndim == 2:
+            self.inter = self.inter.reshape(-1, self.E, self.E)

@@ -119,22 +119,50 @@ def _ids_intp(ids: np.ndarray, num_experts: int) -> np.ndarray:
     return ids.astype(np.intp, copy=False)
 
 
+def layer_major(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """expert_ids [T, L, K] -> validated intp [L, K, T], the layout the pair counters stream through."""
+    return np.ascontiguousarray(_ids_intp(expert_ids, num_experts).transpose(1, 2, 0))
+
+
+def pair_bincount(ids_LKT: np.ndarray, num_experts: int, interlayer: bool = False) -> np.ndarray:
+    """Unsymmetrised pair counts: int64 [L, E * E] (within a layer, router slots a < b) or [L-1, E * E] (layer l
+    slot a, layer l+1 slot b). ids_LKT: [L, K, T] from :func:`layer_major`.
+
+    One layer at a time, so the E * E counters stay in cache while ``np.bincount`` scatters into them.
+    """
+    L, K, _ = ids_LKT.shape
+    E = num_experts
+    if interlayer:
+        pairs = [(a, b) for a in range(K) for b in range(K)]
+        out = np.zeros((max(L - 1, 0), E * E), np.int64)
+        for lyr in range(L - 1):
+            x, y = ids_LKT[lyr] * E, ids_LKT[lyr + 1]
+            out[lyr] = np.bincount(np.concatenate([x[a] + y[b] for a, b in pairs]), minlength=E * E)
+        return out
+    out = np.zeros((L, E * E), np.int64)
+    if K < 2:
+        return out
+    pairs = [(a, b) for a in range(K) for b in range(a + 1, K)]
+    for lyr in range(L):
+        x, y = ids_LKT[lyr] * E, ids_LKT[lyr]
+        out[lyr] = np.bincount(np.concatenate([x[a] + y[b] for a, b in pairs]), minlength=E * E)
+    return out
+
+
+def symmetrise(pairs: np.ndarray, num_experts: int) -> np.ndarray:
+    """[L, E * E] counts of ordered slot pairs -> symmetric [L, E, E] (diagonal counted once)."""
+    E = num_experts
+    c = pairs.reshape(-1, E, E)
+    return c + c.transpose(0, 2, 1) - np.einsum("lii->li", c)[:, :, None] * np.eye(E, dtype=np.int64)
+
+
 def coactivation_counts(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
     """Expert pairs selected together in one token's top-k, per layer.
 
     expert_ids: [T, L, K]. Returns int64 [L, E, E], symmetric: ``C[l, i, j]`` = tokens that selected both
     i and j in layer l (i != j); the diagonal counts an expert listed twice in one top-k (normally 0).
     """
-    idx = _ids_intp(expert_ids, num_experts)
-    _, L, K = idx.shape
-    E = num_experts
-    c = np.zeros(L * E * E, np.int64)
-    if K >= 2 and idx.shape[0]:
-        a, b = np.triu_indices(K, 1)
-        hi = (idx + (np.arange(L) * E)[None, :, None]) * E  # [T, L, K]: (l * E + e) * E
-        c += np.bincount((hi[:, :, a] + idx[:, :, b]).ravel(), minlength=L * E * E)
-    c = c.reshape(L, E, E)
-    return c + c.transpose(0, 2, 1) - np.einsum("lii->li", c)[:, :, None] * np.eye(E, dtype=np.int64)
+    return symmetrise(pair_bincount(layer_major(expert_ids, num_experts), num_experts), num_experts)
 
 
 def interlayer_counts(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
@@ -142,14 +170,8 @@ def interlayer_counts(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
 
     expert_ids: [T, L, K]. Returns int64 [L-1, E, E]; each token adds K*K pairs per layer pair.
     """
-    idx = _ids_intp(expert_ids, num_experts)
-    _, L, _ = idx.shape
-    E = num_experts
-    if L < 2:
-        return np.zeros((0, E, E), np.int64)
-    hi = (idx[:, :-1] + (np.arange(L - 1) * E)[None, :, None]) * E
-    flat = (hi[:, :, :, None] + idx[:, 1:, None, :]).ravel()
-    return np.bincount(flat, minlength=(L - 1) * E * E).reshape(L - 1, E, E)
+    c = pair_bincount(layer_major(expert_ids, num_experts), num_experts, interlayer=True)
+    return c.reshape(-1, num_experts, num_experts)
 
 
 def coactivation_lift(counts: np.ndarray, load: np.ndarray) -> np.ndarray:
@@ -371,22 +393,25 @@ def softmax_regression_accuracy(
     sd = np.where(sd > 0, sd, 1.0)
     Z = np.hstack([(X - mu) / sd, np.ones((len(X), 1))])  # [N, F + 1], last column: bias
     Zt = Z[train]
-    n, f = Zt.shape
+    n = len(train)
     Y = (y[train][:, None] == classes[None, :]).astype(np.float64)  # [n, C']
-    v = np.random.default_rng(seed).standard_normal(f)
-    for _ in range(30):  # power iteration: largest eigenvalue of Zt^T Zt / n
-        v = Zt.T @ (Zt @ v) / n
+    # Gradient descent from W = 0 keeps W = Zt^T A in the span of the training rows, so iterate on A [n, C'] with
+    # the Gram matrix: the same steps for n x n x C' work instead of n x F x C' (F = L * E can be large).
+    G = Zt @ Zt.T  # [n, n]
+    v = np.random.default_rng(seed).standard_normal(n)
+    for _ in range(30):  # power iteration: largest eigenvalue of Zt^T Zt / n (= that of G / n)
+        v = G @ v
         v /= np.linalg.norm(v) or 1.0
-    lam = float(v @ (Zt.T @ (Zt @ v)) / n)
+    lam = float(v @ G @ v) / n
     step = 1.0 / (0.5 * lam + l2)
-    W = W_prev = np.zeros((f, len(classes)))
+    A = A_prev = np.zeros((n, len(classes)))
     for i in range(1, iters + 1):
-        V = W + (i - 1) / (i + 2) * (W - W_prev)
-        S = Zt @ V
+        V = A + (i - 1) / (i + 2) * (A - A_prev)
+        S = G @ V
         P = np.exp(S - S.max(1, keepdims=True))
         P /= P.sum(1, keepdims=True)
-        W_prev, W = W, V - step * (Zt.T @ (P - Y) / n + l2 * V)
-    pred = classes[np.argmax(Z[test] @ W, axis=1)]
+        A_prev, A = A, V - step * ((P - Y) / n + l2 * V)
+    pred = classes[np.argmax(Z[test] @ (Zt.T @ A), axis=1)]
     conf = np.zeros((num_classes, num_classes), np.int64)
     np.add.at(conf, (y[test], pred), 1)
     return {
