@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 from moeplace.trace.capture import ROUTER_CLASSES, load_prompts, record_generate, trace_meta
@@ -16,12 +17,16 @@ Request ids are the line order (0, 1, ...); --sample-every n records the request
 Supported routers: """ + ", ".join(ROUTER_CLASSES) + " (see docs/CAPTURE.md)."
 
 
-def _reference():
+def _reference(what: str, **kwargs):
+    """Call ``moeplace.models.reference.<what>`` (imported lazily), or say clearly that it is not available."""
     try:
-        from moeplace.models import reference
+        reference = importlib.import_module("moeplace.models.reference")
     except ImportError as e:
         raise ValueError(f"the reference model is not available (moeplace.models.reference: {e})") from None
-    return reference
+    try:
+        return getattr(reference, what)(**kwargs)
+    except FileNotFoundError as e:
+        raise ValueError(f"the reference model is not available ({e})") from None
 
 
 def _load_model(spec: str, device: str, dtype: str):
@@ -29,7 +34,7 @@ def _load_model(spec: str, device: str, dtype: str):
 
     if spec == "reference":
         kw = {} if dtype == "auto" else {"dtype": dtype}
-        model, tokenizer = _reference().load_reference(device=device, **kw)
+        model, tokenizer = _reference("load_reference", device=device, **kw)
         return model, tokenizer, "moeplace-reference"
     d = Path(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,7 +56,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.sample_every < 1:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
     if args.prompts == "builtin":
-        rows = _reference().builtin_prompts()
+        rows = _reference("builtin_prompts")
     else:
         rows = load_prompts(args.prompts)
     if args.model != "reference" and not Path(args.model).is_dir():

@@ -313,6 +313,9 @@ class RoutingRecorder:
             else:
                 pos = (mask.cumsum(-1)[:, -S:] - 1).to(torch.int32)
         if tokens is not None:
+            if tokens.dim() != 2 or tokens.shape[0] != B:
+                raise TraceError(f"input_ids of shape {tuple(tokens.shape)}: expected [{B}, columns] "
+                                 "(one row per request of the batch)")
             tokens = tokens[:, -S:].clone()  # a view would keep generate's whole [B, columns] tensor alive
         self._steps.append(_Step(ids, w, tokens, real, pos, S))
         for i in range(self.num_layers):
@@ -379,27 +382,32 @@ class RoutingRecorder:
         return cb
 
     def _rows(self, batch: dict, steps: list[_Step], seqs: np.ndarray | None) -> CapturedBatch:
-        # The host waits for the device here (one copy per recorded tensor).
         B, L = batch["n"], self.num_layers
         width = batch["prompt_width"] or (steps[0].width if steps else 0)
+        # The host waits for the device here: one copy per kind of tensor for the whole batch.
+        ids_all = _to_host([st.ids for st in steps])  # [L, N, K] per step
+        w_all = _to_host([st.weights for st in steps])
+        real_all = _to_host([st.real for st in steps])  # [B, S] per step
+        pos_all = _to_host([st.position for st in steps])
+        tok_all = _to_host([st.tokens for st in steps])
         finished = np.zeros(B, dtype=bool)
         keep_req = batch["keep"]
         col0 = 0
         parts_rid, parts_pos, parts_ph, parts_ids, parts_w = [], [], [], [], []
         n_pre = np.zeros(B, np.int64)
         n_dec = np.zeros(B, np.int64)
-        for st in steps:
+        for i, st in enumerate(steps):
             S = st.width
             cols = col0 + np.arange(S)  # [S] column of each new token in the padded batch
             col0 += S
-            real = np.ones((B, S), bool) if st.real is None else st.real.cpu().numpy()
-            if st.position is None:  # no attention mask: nothing is padding, positions are columns
+            real = np.ones((B, S), bool) if real_all[i] is None else real_all[i]
+            if pos_all[i] is None:  # no attention mask: nothing is padding, positions are columns
                 pos = np.broadcast_to(cols[None, :], (B, S)).astype(np.int32)
             else:
-                pos = st.position.cpu().numpy()
+                pos = pos_all[i]
             decode = cols >= width  # [S]
             keep = real & keep_req[:, None]
-            tokens = None if st.tokens is None else st.tokens.cpu().numpy()
+            tokens = tok_all[i]
             if decode.any():
                 if seqs is not None:
                     fed_ok = cols < seqs.shape[1] - 1  # the last output token is never fed back
@@ -420,10 +428,9 @@ class RoutingRecorder:
             np.add.at(n_pre, b_idx[phase == PREFILL], 1)
             np.add.at(n_dec, b_idx[phase == DECODE], 1)
             flat = b_idx * S + j_idx  # router row of each kept token
-            ids = st.ids.cpu().numpy()  # [L, N, K]
-            parts_ids.append(ids[:, flat].transpose(1, 0, 2))
-            if st.weights is not None:
-                parts_w.append(st.weights.cpu().numpy()[:, flat].transpose(1, 0, 2))
+            parts_ids.append(ids_all[i][:, flat].transpose(1, 0, 2))
+            if w_all[i] is not None:
+                parts_w.append(w_all[i][:, flat].transpose(1, 0, 2))
             parts_rid.append(batch["rid"][b_idx])
             parts_pos.append(pos[b_idx, j_idx].astype(np.int32))
             parts_ph.append(phase)
@@ -447,6 +454,20 @@ class RoutingRecorder:
             prompt_len=n_pre[sel].astype(np.int32),
             gen_len=n_dec[sel].astype(np.int32),
         )
+
+
+def _to_host(tensors: list[torch.Tensor | None]) -> list[np.ndarray | None]:
+    """Copy tensors to numpy, in one transfer when they share a device and dtype; None stays None."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return [None] * len(tensors)
+    if len({t.device for t in present}) > 1 or len({t.dtype for t in present}) > 1:
+        host = iter([t.cpu().numpy() for t in present])
+    else:
+        whole = torch.cat([t.reshape(-1) for t in present]).cpu().numpy()
+        parts = np.split(whole, np.cumsum([t.numel() for t in present])[:-1])
+        host = iter([p.reshape(tuple(t.shape)) for p, t in zip(parts, present, strict=True)])
+    return [None if t is None else next(host) for t in tensors]
 
 
 class NullRecorder:
