@@ -477,6 +477,17 @@ def _code_starts(text: str) -> list[int]:
     return starts or [0]
 
 
+def _encode_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of ``text`` (no special tokens), straight from the Rust tokenizer when
+    there is one (no model-length warnings for long documents)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        enc = backend.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    return enc["input_ids"], enc["offset_mapping"]
+
+
 def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng: random.Random) -> str | None:
     """A short prompt cut from a held-out document, or None when the document gives no usable prompt.
 
@@ -494,7 +505,7 @@ def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng:
         best = None
         for j in range(0, len(lines) - 1, 2):  # end on user turn j, followed by a bot turn
             cand = "\n".join(lines[: j + 1]) + "\nBot:"
-            if len(tokenizer(cand)["input_ids"]) > max_tokens:
+            if len(_encode_offsets(tokenizer, cand)[0]) > max_tokens:
                 break
             best = cand
         return best
@@ -502,12 +513,11 @@ def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng:
     if doc.domain == "code":
         text = text[rng.choice(_code_starts(text)):]
     text = text[: 16 * max_tokens]  # enough characters for max_tokens tokens; keeps tokenizing cheap
-    enc = tokenizer(text, return_offsets_mapping=True)
-    n_avail = len(enc["input_ids"])
-    if n_avail < min_tokens:
+    ids, offsets = _encode_offsets(tokenizer, text)
+    if len(ids) < min_tokens:
         return None
-    n = min(n_avail, rng.randint(min_tokens, max_tokens))
-    return text[: enc["offset_mapping"][n - 1][1]]
+    n = min(len(ids), rng.randint(min_tokens, max_tokens))
+    return text[: offsets[n - 1][1]]
 
 
 def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int, min_tokens: int, max_tokens: int, seed: int

@@ -55,6 +55,7 @@ class ReferenceConfig:
     eval_seqs: int = 12  # held-out sequences of seq_len per domain for the held-out loss
     threads: int = 2  # torch.set_num_threads
     save_dtype: str = "bfloat16"  # dtype of the saved weights ("float32" or "bfloat16")
+    sample_tokens: int = 40  # greedy tokens generated per domain for the samples in train_metrics.json
     # --- data
     data_seed: int = 0  # seeds the math generator and the prompt cuts (the split itself is seed-free)
     math_problems: int = 40000  # generated math problems (before the split)
@@ -70,7 +71,7 @@ class ReferenceConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "num_experts", "top_k", "moe_intermediate_size", "steps", "seq_len", "eval_every",
-                     "eval_seqs", "threads", "math_problems", "prompts_per_domain"):
+                     "eval_seqs", "threads", "math_problems", "prompts_per_domain", "sample_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"ReferenceConfig.{name} must be a positive integer, got {v!r}")
@@ -139,7 +140,7 @@ PRESETS: dict[str, ReferenceConfig] = {
         top_k=2, moe_intermediate_size=16, max_position_embeddings=128, steps=4, seq_len=32,
         batch_mix=(("code", 1), ("chat", 1), ("general", 1), ("math", 1)), warmup_steps=1, eval_every=2,
         eval_seqs=2, math_problems=800, max_train_docs=30, tokenizer_bytes=60_000, prompts_per_domain=3,
-        prompt_min_tokens=8, prompt_max_tokens=24, save_dtype="float32",
+        prompt_min_tokens=8, prompt_max_tokens=24, save_dtype="float32", sample_tokens=4,
     ),
 }
 
@@ -164,8 +165,8 @@ def load_reference(device: str = "cpu", path: str | Path | None = None, dtype: s
     if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
         raise FileNotFoundError(f"no reference model in {d} (expected config.json and model.safetensors; "
                                 "run `moeplace train-reference`)")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
     model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, dtype), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
     return model.to(device).eval(), tokenizer

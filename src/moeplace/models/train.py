@@ -89,8 +89,15 @@ def token_stream(tokenizer, texts: list[str], eos_id: int) -> np.ndarray:
 def eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int) -> dict[str, torch.Tensor]:
     """Per domain, the first ``eval_seqs`` non-overlapping windows of the held-out stream: int64 [n, S]."""
     out = {}
+    want = cfg.eval_seqs * cfg.seq_len
     for dom in DOMAINS:
-        stream = token_stream(tokenizer, [d.text for d in corpus.heldout[dom]], eos_id)
+        docs, parts, have = corpus.heldout[dom], [], 0
+        for i in range(0, len(docs), 16):  # encode only as many documents as the windows need
+            parts.append(token_stream(tokenizer, [d.text for d in docs[i:i + 16]], eos_id))
+            have += len(parts[-1])
+            if have >= want:
+                break
+        stream = np.concatenate(parts)
         n = min(cfg.eval_seqs, len(stream) // cfg.seq_len)
         if n < 1:
             raise ValueError(f"domain {dom!r}: held-out text has {len(stream)} tokens, fewer than seq_len="
@@ -191,7 +198,7 @@ def _save_model(model, cfg: ReferenceConfig, tokenizer, out: Path) -> None:
 
 
 @torch.no_grad()
-def _samples(model, tokenizer, prompts: list[dict], new_tokens: int = 40) -> list[dict]:
+def _samples(model, tokenizer, prompts: list[dict], new_tokens: int) -> list[dict]:
     out = []
     for dom in DOMAINS:
         row = next(r for r in prompts if r["domain"] == dom)
@@ -317,7 +324,7 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
-        "samples": _samples(saved, saved_tok, prompts),
+        "samples": _samples(saved, saved_tok, prompts, cfg.sample_tokens),
         "history": history,
     }
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
