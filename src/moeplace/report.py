@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
@@ -119,6 +120,7 @@ def _fig_imbalance(res: dict) -> str:
     axes[1].set_title("Gini of expert load")
     for ax in axes:
         ax.set_xlabel("MoE layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _figure(fig, "Load imbalance per layer, over all tokens and by phase.", "imbalance per layer")
@@ -159,7 +161,7 @@ def _fig_domains(res: dict) -> str:
                 if np.isfinite(js[i, j]):
                     ax.text(j, i, f"{js[i, j]:.3f}", ha="center", va="center", fontsize=7,
                             color="white" if js[i, j] > 0.6 * np.nanmax(js) else "black")
-        ax.set_title("JS divergence (bits, mean over layers)")
+        ax.set_title("JS divergence (bits)")
         fig.colorbar(im2, ax=ax, shrink=0.9)
     return _figure(fig, "Per-domain expert frequency profiles (share of the layer's selections times E) and the "
                    "pairwise Jensen-Shannon divergence between domains.", "domain load profiles")
@@ -190,6 +192,7 @@ def _fig_prefill_decode(res: dict) -> str:
         axes[1].plot(x, _arr(pd[key]), marker="o", ms=3, label=name)
     axes[1].set_ylim(-0.05, 1.05)
     axes[1].set_xlabel("MoE layer")
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].set_title(f"Per-request correlation, mean over {pd['num_requests']} requests")
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
@@ -239,6 +242,7 @@ def _fig_locality(res: dict) -> str:
         ax.axhline(tm["random_overlap"], color="#999", ls="--", lw=0.8, label="random")
         ax.set_ylim(0, 1)
         ax.set_xlabel("MoE layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title("Decode: experts shared with previous token", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -248,6 +252,7 @@ def _fig_locality(res: dict) -> str:
         ax.axhline(il["follow_share_random"], color="#999", ls="--", lw=0.8, label="random")
         ax.set_ylim(0, 1)
         ax.set_xlabel("layer l (pair l -> l+1)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title("Inter-layer: share to top-k successors", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -338,6 +343,26 @@ def _pairs_table(pairs, arrow: str, labels: list[str]) -> str:
     return _table(["layer", "experts", "tokens", "lift"], rows)
 
 
+def _na(res: dict, *keys: str) -> str:
+    un = res.get("unavailable") or {}
+    return "".join(f"<p class='na'>{html.escape(k)}: {html.escape(un[k])}</p>" for k in keys if k in un)
+
+
+def _pairs_section(res: dict, labels: list[str]) -> str:
+    co, il = res["coactivation"], res["interlayer"]
+    parts = [_fig_coactivation(res) or _na(res, "coactivation")]
+    if co["top_pairs"] is not None:
+        n = co["min_count"]
+        parts += ["<h3>Most frequent pairs in one token's top-k</h3>", _pairs_table(co["top_pairs"], "&harr;", labels),
+                  f"<h3>Highest-lift pairs (seen in at least {n} token{'' if n == 1 else 's'})</h3>",
+                  _pairs_table(co["top_lift_pairs"], "&harr;", labels)]
+    if il["top_pairs"] is not None:
+        parts += ["<h3>Highest-lift layer-to-layer pairs</h3>", _pairs_table(il["top_lift_pairs"], "&rarr;", labels)]
+    else:
+        parts.append(_na(res, "interlayer"))
+    return "".join(parts)
+
+
 def _unavailable(res: dict) -> str:
     un = res.get("unavailable") or {}
     if not un:
@@ -363,7 +388,6 @@ def render_report(res: dict) -> str:
     if m.get("source"):
         sub += f" &middot; source: {html.escape(m['source'])}"
     labels = _layer_labels(res)
-    co, il = res["coactivation"], res["interlayer"]
     body = [
         f"<section><h2>Summary</h2>{_cards(res)}</section>",
         f"<section><h2>Expert load</h2>{_fig_load(res)}{_fig_imbalance(res)}</section>",
@@ -373,14 +397,8 @@ def render_report(res: dict) -> str:
         "<section><h2>Prefill vs decode</h2>"
         + (_fig_prefill_decode(res) or f"<p class='na'>{html.escape(res['unavailable'].get('prefill_decode', ''))}"
            "</p>") + "</section>",
-        "<section><h2>Co-activation and inter-layer affinity</h2>"
-        + (_fig_coactivation(res) or f"<p class='na'>{html.escape(res['unavailable'].get('coactivation', ''))}</p>")
-        + "<h3>Most frequent pairs in one token's top-k</h3>" + _pairs_table(co["top_pairs"], "&harr;", labels)
-        + f"<h3>Highest-lift pairs (at least {co['min_count']} tokens)</h3>"
-        + _pairs_table(co["top_lift_pairs"], "&harr;", labels)
-        + "<h3>Highest-lift layer-to-layer pairs</h3>" + _pairs_table(il["top_lift_pairs"], "&rarr;", labels)
-        + "</section>",
-        f"<section><h2>Locality and drift</h2>{_fig_locality(res) or ''}"
+        f"<section><h2>Co-activation and inter-layer affinity</h2>{_pairs_section(res, labels)}</section>",
+        "<section><h2>Locality and drift</h2>" + (_fig_locality(res) or _na(res, "temporal", "drift"))
         + _drift_note(res) + "</section>",
         f"<section><h2>Per layer</h2>{_layer_table(res)}</section>",
         f"<section><h2>Not available for this trace</h2>{_unavailable(res)}</section>",
