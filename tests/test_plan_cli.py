@@ -63,7 +63,7 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
                     "layer_time_s", "plan_seconds"):
             assert key in row
     assert abs(res["strategies"]["linear"]["inter_node_bytes_vs_linear"] - 1.0) < 1e-9
-    assert len(res["frontier"]["joint"]) == 2 and (tmp_path / "f.png").exists()
+    assert len(res["frontier"]["joint"]) == 3 and (tmp_path / "f.png").exists()
     plan = tmp_path / "plan.json"
     assert main(["plan", str(path), "--strategy", "eplb", "--cluster", "2x1", "--out", str(plan)]) == 0
     assert main(["export", str(plan), "--format", "sglang", "--trace", str(path), "--out",

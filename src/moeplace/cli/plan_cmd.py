@@ -15,7 +15,7 @@ from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR
 
 TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
-                 ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer MB", "{:.2f}"),
+                 ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),
                  ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
                  ("plan_seconds", "plan s", "{:.2f}"))
 
@@ -113,7 +113,7 @@ def format_table(result: dict) -> str:
         for key, _, fmt in TABLE_COLUMNS:
             v = row.get(key)
             if key == "max_per_peer_bytes" and v is not None:
-                v = v / 1e6
+                v = v / 1e3
             if key == "layer_time_s" and v is not None:
                 v = v * 1e6
             cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
@@ -166,7 +166,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             frontier[n].append({"balance_floor": None, "balancedness": r["balancedness"],
                                 "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
         if "joint" in names:
-            frontier["joint"] = []
+            frontier["joint"][0]["balance_floor"] = args.balance_floor
             for f in floors:
                 say(f"sweep joint --balance-floor {f}")
                 r = compare(t, cluster, args.redundant, ["joint"], args.holdout, args.split, args.seed,

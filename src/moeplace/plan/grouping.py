@@ -93,7 +93,8 @@ class Grouper:
     weights: np.ndarray  # float32 [N, D]: node n's score for a request is feature . weights[n]
     gpus_per_node: int  # G
     round_size: int = DEFAULT_ROUND  # requests per admission round
-    kind: str = "centroids"  # what the rows are: "centroids" (K-means) or "placement" (local-expert indicator)
+    kind: str = "centroids"  # what the rows are (K-means centroids, or centroids of cost-optimal labels)
+    layers: list[int] | None = None  # MoE layers the feature uses (None: all), so D = len(layers) * E
 
     def __post_init__(self) -> None:
         self.weights = np.asarray(self.weights, np.float32)
@@ -108,8 +109,12 @@ class Grouper:
         return self.weights.shape[0]
 
     def node_scores(self, counts: np.ndarray) -> np.ndarray:
-        """float [Rq, N]: cosine-style score of each request for each node. counts: [Rq, L, E] or [Rq, D]."""
-        x = normalise_rows(np.asarray(counts).reshape(len(counts), -1))
+        """float [Rq, N]: cosine-style score of each request for each node. counts: [Rq, L, E] (restricted to
+        ``layers`` here) or [Rq, D]."""
+        c = np.asarray(counts)
+        if self.layers is not None and c.ndim == 3:
+            c = c[:, self.layers, :]
+        x = normalise_rows(c.reshape(len(c), -1))
         if x.shape[1] != self.weights.shape[1]:
             raise ValueError(f"grouper: request features have {x.shape[1]} entries, the plan expects "
                              f"{self.weights.shape[1]} (L * E)")
@@ -119,15 +124,20 @@ class Grouper:
         """int64 [Rq]: home GPU of each request, in arrival order. counts: float [Rq, L, E] prefill counts."""
         return assign_rounds(self.node_scores(counts), self.gpus_per_node, self.round_size)
 
+    def assign_features(self, feats: np.ndarray) -> np.ndarray:
+        """int64 [Rq]: like :meth:`assign` for features already normalised and restricted to ``layers``."""
+        return assign_rounds(np.asarray(feats) @ self.weights.T, self.gpus_per_node, self.round_size)
+
     def to_json(self) -> dict:
         return {"kind": self.kind, "gpus_per_node": int(self.gpus_per_node), "round_size": int(self.round_size),
-                "weights": np.round(self.weights, 5).tolist()}
+                "layers": self.layers, "weights": np.round(self.weights, 5).tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> Grouper:
         try:
+            layers = d.get("layers")
             return cls(np.asarray(d["weights"], np.float32), int(d["gpus_per_node"]), int(d["round_size"]),
-                       str(d.get("kind", "centroids")))
+                       str(d.get("kind", "centroids")), None if layers is None else [int(x) for x in layers])
         except (KeyError, TypeError) as e:
             raise ValueError(f"grouper: malformed JSON ({e})") from None
 

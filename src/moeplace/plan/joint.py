@@ -22,7 +22,9 @@ Alternation (``iters`` rounds, the best round kept):
    search over slot swaps and replica re-targeting that accepts a move when it lowers
    ``sends + penalty * overflow`` (overflow = load above the cap), measured exactly on the sample.
 3. The final plan is replayed by the simulator on the planning window (its default least-loaded replica rule);
-   if balancedness falls below the floor the cap tightens and step 2 reruns.
+   if balancedness falls below the floor, the search reruns with the simulator's per-GPU load correction and a
+   tighter cap; if it still misses the floor, EPLB's placement (with the same homes) is used when it balances
+   better, and ``extra["fallback"]`` says so.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from moeplace.plan.clusters import pack_within_nodes, replica_load
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
 
 DEFAULT_BALANCE_FLOOR = 0.95
+MAX_FEATURE_DIM = 4096  # grouping features use evenly spaced layers beyond this many (layer, expert) entries
 PENALTY = 4.0  # sends one unit of load above the cap is worth (per layer, in sample units)
 
 
@@ -224,14 +227,12 @@ def coactivation_by_home(home: np.ndarray, ids: np.ndarray, num_gpus: int, num_e
     """
     T, K = ids.shape
     E = num_experts
-    out = np.zeros(num_gpus * E * E)
     base = home.astype(np.int64) * E * E
     ids = ids.astype(np.int64)
-    for i in range(K):
-        for j in range(i + 1, K):
-            a, b = ids[:, i], ids[:, j]
-            out += np.bincount(base + a * E + b, minlength=out.size)
-            out += np.bincount(base + b * E + a, minlength=out.size)
+    i, j = np.triu_indices(K, 1)
+    a, b = ids[:, i], ids[:, j]  # [T, K(K-1)/2] pairs, both orders below, one bincount
+    keys = np.concatenate([(base[:, None] + a * E + b).ravel(), (base[:, None] + b * E + a).ravel()])
+    out = np.bincount(keys, minlength=num_gpus * E * E).astype(np.float64)
     out = out.reshape(num_gpus, E, E)
     out[:, np.arange(E), np.arange(E)] = 0.0
     return out
@@ -288,12 +289,22 @@ def request_node_cost(phy2log: np.ndarray, tok_req: np.ndarray, ids: np.ndarray,
     return out
 
 
-def signal_features(work: Workload, requests: np.ndarray) -> np.ndarray:
-    """float32 [n, D]: L2-normalised prefill activation vectors of the given requests (indices into the window)."""
+def feature_layers(num_layers: int, num_experts: int, max_dim: int = MAX_FEATURE_DIM) -> list[int] | None:
+    """MoE layers whose counts form the grouping feature: all (None) when L * E <= max_dim, else evenly spaced."""
+    if num_layers * num_experts <= max_dim:
+        return None
+    n = max(1, max_dim // num_experts)
+    return sorted({int(x) for x in np.linspace(0, num_layers - 1, n).round()})
+
+
+def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | None = None) -> np.ndarray:
+    """float32 [n, D]: L2-normalised prefill activation vectors of the given requests (indices into the window),
+    over ``layers`` (None: all)."""
     pos = np.full(work.num_requests, -1, np.int64)
     pos[requests] = np.arange(len(requests))
     m = work.signal & (pos[work.token_request] >= 0)
-    counts = request_expert_counts(pos[work.token_request[m]], work.expert_ids[m], len(requests), work.num_experts)
+    ids = work.expert_ids[m] if layers is None else work.expert_ids[m][:, layers, :]
+    counts = request_expert_counts(pos[work.token_request[m]], ids, len(requests), work.num_experts)
     return normalise_rows(counts)
 
 
@@ -303,21 +314,21 @@ def assign_all(grouper: Grouper, work: Workload, chunk: int = 2048) -> np.ndarra
     scores = np.empty((Rq, grouper.num_nodes), np.float32)
     for s in range(0, Rq, chunk):
         idx = np.arange(s, min(Rq, s + chunk))
-        scores[idx] = signal_features(work, idx) @ grouper.weights.T
+        scores[idx] = signal_features(work, idx, grouper.layers) @ grouper.weights.T
     from moeplace.plan.grouping import assign_rounds
 
     return assign_rounds(scores, grouper.gpus_per_node, grouper.round_size)
 
 
-def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_node: int, round_size: int
-                ) -> Grouper:
+def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_node: int, round_size: int,
+                layers: list[int] | None = None) -> Grouper:
     """Nearest-centroid classifier: node n's row is the normalised mean prefill feature of the requests labelled n."""
     rows = []
     for n in range(num_nodes):
         m = labels == n
         v = feats[m].sum(axis=0) if m.any() else np.zeros(feats.shape[1], np.float32)
         rows.append(v / max(float(np.linalg.norm(v)), 1e-12))
-    return Grouper(np.stack(rows), gpus_per_node, round_size, kind="centroids")
+    return Grouper(np.stack(rows), gpus_per_node, round_size, kind="centroids", layers=layers)
 
 
 def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
@@ -444,7 +455,8 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     tok_req_all, ids_all = work.traffic()
     # learning set: at most max_fit_requests requests (all of them on small windows) and their traffic rows
     learn = np.sort(rng.choice(Rq, max_fit_requests, replace=False)) if Rq > max_fit_requests else np.arange(Rq)
-    feats = signal_features(work, learn)
+    flayers = feature_layers(work.num_layers, E)
+    feats = signal_features(work, learn, flayers)
     in_learn = np.full(Rq, -1, np.int64)
     in_learn[learn] = np.arange(len(learn))
     rows = np.flatnonzero(in_learn[tok_req_all] >= 0)
@@ -453,8 +465,8 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     Rl = len(learn)
     sample = _sample_rows(len(tok_req), sample_tokens, rng)
     cent, _ = kmeans(feats, N, seed=seed)
-    grouper = Grouper(cent, G, round_size, kind="centroids")
-    homes = grouper.assign(feats)
+    grouper = Grouper(cent, G, round_size, kind="centroids", layers=flayers)
+    homes = grouper.assign_features(feats)
     best = None
     history = []
     per_iter = time_budget / max(iters + balance_rounds, 1)
@@ -472,8 +484,8 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         # re-home: the node each request would send least from, balanced; then a grouper that predicts it online
         cost = request_node_cost(p2l, tok_req[sample], ids[sample], Rl, S, G, W, E)
         labels = balanced_assign(-cost, np.full(N, -(-Rl // N)))
-        grouper = fit_grouper(feats, labels, N, G, round_size)
-        homes = grouper.assign(feats)
+        grouper = fit_grouper(feats, labels, N, G, round_size, flayers)
+        homes = grouper.assign_features(feats)
     obj, p2l, homes, grouper = best
     # balance as the simulator measures it (least-loaded replica rule) on the planning window; correct and re-search
     balance = []
@@ -498,8 +510,18 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                                    offset=share * total)
     else:
         balance.append(balancedness(simulated_load(work, p2l, check_homes, cluster, check)))
+    fallback = None
+    if balance[-1] < balance_floor:
+        # the floor is a hard constraint: fall back to EPLB's placement (balance from load alone) with these homes
+        from moeplace.plan.eplb import rebalance
+
+        cand = rebalance(_use_by_gpu(tok_req, ids, homes, W, E).sum(axis=1), P, 1, N, W)
+        b = balancedness(simulated_load(work, cand, check_homes, cluster, check))
+        if b > balance[-1]:
+            p2l, fallback = cand, f"joint reached {balance[-1]:.4f} < floor {balance_floor}; used EPLB's placement"
+            balance.append(b)
     all_homes = homes if len(learn) == Rq else assign_all(grouper, work)
-    extra = {"planning_balancedness": balance,
+    extra = {"planning_balancedness": balance, "fallback": fallback,
              "balance_floor": balance_floor, "seed": seed, "iters": iters, "sample_tokens": int(len(sample)),
              "history": history, "seconds": time.perf_counter() - t_start}
     return StrategyResult(p2l, all_homes, grouper, extra)
