@@ -15,6 +15,7 @@ DeepSeek-V3-shaped trace (L=58, E=256, k=8; Zipf-skewed random experts).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -86,7 +87,7 @@ def time_full(ids: np.ndarray, E: int, label: str) -> tuple[float, float]:
         return time.perf_counter() - t0, T * L * K
 
 
-def run(label: str, ids: np.ndarray, E: int, loop_tokens: int) -> None:
+def run(label: str, ids: np.ndarray, E: int, loop_tokens: int) -> dict:
     T, L, K = ids.shape
     n = T * L * K
     sec, cpu = time_accumulate(ids, E)
@@ -102,21 +103,28 @@ def run(label: str, ids: np.ndarray, E: int, loop_tokens: int) -> None:
     print(f"  speed-up over the loop           : {vec / loop:8.0f} x")
     fsec, fn = time_full(ids, E, label)
     print(f"  analyse_trace, every statistic, from disk: {fn / fsec / 1e6:.1f} M decisions/s ({fsec:.2f} s)")
+    return {"label": label, "decisions": n, "vectorised_per_s": vec, "per_cpu_second": n / cpu,
+            "loop_per_s": loop, "speedup": vec / loop, "full_analyse_per_s": fn / fsec}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=131072, help="synthetic tokens (default 131072)")
     ap.add_argument("--loop-tokens", type=int, default=1500, help="tokens for the Python loop (default 1500)")
+    ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    results = []
     print(f"analyse_speed: {os.cpu_count()} CPU cores visible; numpy {np.__version__}; chunks of {CHUNK} tokens")
     if GPT_OSS.exists():
         ids = np.load(GPT_OSS, allow_pickle=False)["expert_ids"].astype(np.int16)
-        run("gpt-oss-20b decode routing (real, ../shared/data)", ids, 32, args.loop_tokens)
+        results.append(run("gpt-oss-20b decode routing (real, ../shared/data)", ids, 32, args.loop_tokens))
     else:
         print(f"\n(gpt-oss data not found at {GPT_OSS}; real-data run skipped)")
     ids = synthetic_ids(np.random.default_rng(0), args.tokens, 58, 256, 8)
-    run("SYNTHETIC DeepSeek-V3 shape", ids, 256, max(1, args.loop_tokens // 4))
+    results.append(run("SYNTHETIC DeepSeek-V3 shape", ids, 256, max(1, args.loop_tokens // 4)))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"target_per_s": TARGET, "runs": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
