@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from numba import njit
 
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.trace.store import (
@@ -165,62 +167,222 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
     )
 
 
-def _resolve_least_loaded(tab: RouteTables, idx: np.ndarray, amb: np.ndarray, gpu: np.ndarray, grp: np.ndarray,
-                          n_grp: int, base_load: np.ndarray | None) -> np.ndarray:
-    """Choose replicas for the ambiguous pairs under nearest-least-loaded; writes their GPUs into ``gpu``.
+# Compiled kernels (numba). One pass over a chunk's tokens x layers does replica choice, dedup, two-hop and load;
+# a second one reduces finished micro-batches to their per-layer counts. ``cache=True`` keeps the compiled code in
+# __pycache__, so only the first run on a machine pays the compile (a few seconds).
 
-    idx: int [K, N] flat table index (l*E + e)*W + h of every pair of N token-layer rows; amb: bool [K, N];
-    gpu: int [K, N] (unambiguous entries already final); grp: int [N] group (micro-batch, layer) of each row,
-    rows of one group in token order; base_load: int [n_grp, W] pairs already on each GPU, or None.
-    Pairs are processed in (row, k) order within their group. Returns int64 [A] chosen slots of the ambiguous
-    pairs in ``np.nonzero(amb)`` order.
+
+@njit(cache=True, nogil=True)
+def _least_loaded(cand_gpu, cand_ok, layer, e, fi, load, base):
+    """Candidate index m of the nearest-tier replica whose GPU has the fewest pairs; ties -> lowest slot.
+
+    cand_gpu: [L, E, M]; cand_ok: bool [L*E*W, M]; fi = (layer*E + e)*W + home; load[base + g]: pairs so far on
+    GPU g. Shared by :func:`assign_slots` and the simulator, so both choose identically.
     """
-    K, N = amb.shape
-    W = tab.num_gpus
-    kk, rr = np.nonzero(amb)
-    A = len(kk)
-    if A == 0:
-        return np.zeros(0, np.int64)
-    q = rr.astype(np.int64) * K + kk  # order of the pair inside its group
-    g = grp[rr].astype(np.int64)
-    order = np.lexsort((q, g))
-    ks, rs, qs, gs = kk[order], rr[order], q[order], g[order]
-    ug, gd = np.unique(gs, return_inverse=True)  # dense ids of the groups that must choose
-    dense = np.full(n_grp, -1, np.int64)
-    dense[ug] = np.arange(len(ug))
-    # Unambiguous pairs of those groups, keyed (group, gpu, order): prefix counts by binary search.
-    NQ = np.int64(N) * K + 1
-    in_touched = dense[grp] >= 0
-    uk, ur = np.nonzero(~amb & in_touched[None, :])
-    ukey = (dense[grp[ur]] * W + gpu[uk, ur].astype(np.int64)) * NQ + ur.astype(np.int64) * K + uk
-    ukey.sort()
-    fi = idx[ks, rs]
-    cand = tab.cand_slot.reshape(-1, tab.cand_slot.shape[-1])[fi // W]  # [A, M]
-    cg = tab.cand_gpu.reshape(-1, tab.cand_gpu.shape[-1])[fi // W]
-    ok = tab.cand_ok[fi]
-    lo = (gd[:, None] * W + cg) * NQ
-    fixed = np.searchsorted(ukey, lo + qs[:, None]) - np.searchsorted(ukey, lo)
-    if base_load is not None:
-        fixed = fixed + base_load[gs[:, None], cg]
-    big = np.iinfo(np.int64).max
-    fixed = np.where(ok, fixed, big)
-    starts = np.flatnonzero(np.r_[True, gd[1:] != gd[:-1]])
-    sizes = np.diff(np.r_[starts, A])
-    amb_load = np.zeros((len(ug), W), np.int64)
-    chosen = np.empty(A, np.int64)
-    for j in range(int(sizes.max())):
-        sel = starts[sizes > j] + j
-        dg = gd[sel]
-        cgs = cg[sel]
-        load = fixed[sel] + np.where(ok[sel], amb_load[dg[:, None], cgs], 0)
-        c = load.argmin(1)  # ties -> first candidate = lowest slot
-        rows = np.arange(len(sel))
-        chosen[sel] = cand[sel, c]
-        amb_load[dg, cgs[rows, c]] += 1
-    gpu[ks, rs] = tab.slot_gpu[chosen]
-    out = np.empty(A, np.int64)
-    out[order] = chosen
+    best = -1
+    low = 0
+    for m in range(cand_gpu.shape[2]):
+        if cand_ok[fi, m]:
+            v = load[base + cand_gpu[layer, e, m]]
+            if best < 0 or v < low:
+                best = m
+                low = v
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _assign_kernel(ex, home, route, static_slot, cand_slot, cand_gpu, cand_ok, slot_gpu, W, load):
+    """Slots [T, K] of one micro-batch in layer 0; route[fi] < 0 marks a least-loaded choice; updates load [W]."""
+    T, K = ex.shape
+    out = np.empty((T, K), np.int64)
+    for t in range(T):
+        h = home[t]
+        for k in range(K):
+            e = ex[t, k]
+            fi = e * W + h
+            if route[fi] < 0:
+                p = cand_slot[0, e, _least_loaded(cand_gpu, cand_ok, 0, e, fi, load, 0)]
+            else:
+                p = static_slot[fi]
+            out[t, k] = p
+            load[slot_gpu[p]] += 1
     return out
+
+
+@njit(cache=True, nogil=True)
+def _counts_and_clear(X, node, G, tot, out):
+    """Counts of one send matrix X [W, W] into out[0:6]: intra-GPU, intra-node and inter-node sends, the largest
+    off-diagonal entry, and the busiest GPU's max(sent, received) sends over intra-node and over inter-node links.
+    Adds X into tot [W, W] and zeroes X. Rows are walked by node blocks of G columns (no per-entry class test)."""
+    W = X.shape[0]
+    ii = np.zeros(W, np.int64)
+    ei = np.zeros(W, np.int64)
+    io = np.zeros(W, np.int64)
+    eo = np.zeros(W, np.int64)
+    diag = 0
+    mx = 0
+    for h in range(W):
+        own = node[h] * G
+        row = X[h]
+        trow = tot[h]
+        dg = np.int64(row[h])
+        diag += dg
+        for c0 in range(0, W, G):
+            s = 0
+            if c0 == own:
+                for d in range(c0, c0 + G):
+                    x = np.int64(row[d])
+                    trow[d] += x
+                    ii[d] += x
+                    s += x
+                    if d != h and x > mx:
+                        mx = x
+                io[h] += s - dg
+                ii[h] -= dg
+            else:
+                for d in range(c0, c0 + G):
+                    x = np.int64(row[d])
+                    trow[d] += x
+                    ei[d] += x
+                    s += x
+                    if x > mx:
+                        mx = x
+                eo[h] += s
+            for d in range(c0, c0 + G):
+                row[d] = 0
+    bi = 0
+    be = 0
+    for h in range(W):
+        bi = max(bi, io[h], ii[h])
+        be = max(be, eo[h], ei[h])
+    out[0] = diag
+    out[1] = io.sum()
+    out[2] = eo.sum()
+    out[3] = mx
+    out[4] = bi
+    out[5] = be
+
+
+@njit(cache=True, nogil=True)
+def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_th, local,
+               nlocal, l0, l1):
+    """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
+
+    ids: int16 [T, L, K]; rows: int64 [n] rows of ids grouped by micro-batch (trace order inside), micro-batch b
+    being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows. route: int16 [L*E*W] GPU of
+    each (layer, expert, home), -1 where least-loaded must choose; node: int64 [W] node of each GPU (a table: a
+    64-bit division costs more than the rest of a pair).
+
+    Each token-layer: K replica choices, load per GPU, one send per distinct target GPU into the per-GPU dedup
+    matrix M [W, W] (home, target), one send per distinct remote node into B [W, N_n]. Tokens go in blocks, layer by
+    layer inside a block, so the layer's tables and matrices stay in cache. At the end of a micro-batch the
+    two-hop matrix is built from M and B (sends inside the home node stay direct; a send to a remote node lands on
+    the GPU of the home's local rank there and is forwarded over NVLink to each other target), and both matrices
+    are reduced by _counts_and_clear. Writes loads int64 [B, L, W], cpg, cth int64 [B, L, 6]; adds into tot_pg,
+    tot_th int64 [L, W, W] and local, nlocal int64 [L]. Layers are independent: disjoint layer ranges may run in
+    parallel threads. Returns -1, or a row whose expert id is out of range.
+    """
+    L, K = ids.shape[1], ids.shape[2]
+    E = cand_gpu.shape[1]
+    W = node.shape[0]
+    Nn = node[W - 1] + 1
+    LK = L * K
+    flat = ids.reshape(-1)
+    lf = loads.reshape(-1)
+    M = np.zeros((l1 - l0, W, W), np.int32)
+    B = np.zeros((l1 - l0, W, Nn), np.int32)
+    TH = np.zeros((W, W), np.int32)
+    seen_g = np.zeros(W, np.int64)  # stamp of the last token-layer that sent to each GPU / node
+    seen_n = np.zeros(Nn, np.int64)
+    stamp = 0
+    for b in range(starts.shape[0] - 1):
+        for t0 in range(starts[b], starts[b + 1], 512):
+            t1 = min(starts[b + 1], t0 + 512)
+            for layer in range(l0, l1):
+                Ml = M[layer - l0]
+                Bl = B[layer - l0]
+                rb = layer * E * W
+                lb = (b * L + layer) * W
+                loc = 0
+                nloc = 0
+                for t in range(t0, t1):
+                    h = home[t]
+                    hn = node[h]
+                    ib = rows[t] * LK + layer * K
+                    mrow = Ml[h]
+                    brow = Bl[h]
+                    stamp += 1
+                    for k in range(K):  # branch-free counting: sends dedup by stamps, not by tests
+                        e = np.int64(flat[ib + k])
+                        if e < 0 or e >= E:
+                            return rows[t]
+                        g = np.int64(route[rb + e * W + h])
+                        if g < 0:
+                            g = cand_gpu[layer, e, _least_loaded(cand_gpu, cand_ok, layer, e, rb + e * W + h, lf, lb)]
+                        lf[lb + g] += 1
+                        nd = node[g]
+                        loc += g == h
+                        nloc += nd == hn
+                        mrow[g] += seen_g[g] != stamp  # first pair of this token-layer on GPU g
+                        seen_g[g] = stamp
+                        brow[nd] += (seen_n[nd] != stamp) & (nd != hn)  # first pair on remote node nd
+                        seen_n[nd] = stamp
+                local[layer] += loc
+                nlocal[layer] += nloc
+        for layer in range(l0, l1):
+            X = M[layer - l0]
+            Bl = B[layer - l0]
+            for h in range(W):
+                hn = node[h]
+                lr = h - hn * G
+                row = X[h]
+                for nd in range(Nn):
+                    c0 = nd * G
+                    if nd == hn:
+                        th = TH[h]
+                        for d in range(c0, c0 + G):
+                            th[d] += row[d]
+                    else:
+                        land = c0 + lr
+                        th = TH[land]
+                        for d in range(c0, c0 + G):
+                            th[d] += row[d]
+                        th[land] -= row[land]
+                        TH[h, land] += Bl[h, nd]
+                        Bl[h, nd] = 0
+            _counts_and_clear(X, node, G, tot_pg[layer], cpg[b, layer])
+            _counts_and_clear(TH, node, G, tot_th[layer], cth[b, layer])
+    return -1
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _threads() -> int:
+    """Kernel threads: MOEPLACE_SIM_THREADS, else the CPUs this process may use (at most 8)."""
+    env = os.environ.get("MOEPLACE_SIM_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _by_layers(kernel, L: int, *args) -> list:
+    """Run ``kernel(*args, l0, l1)`` on disjoint layer ranges covering [0, L), in threads (the kernels release the
+    GIL; layers share no accumulator). Returns the kernels' return values."""
+    global _POOL
+    n = min(_threads(), L)
+    if n <= 1:
+        return [kernel(*args, 0, L)]
+    cuts = [L * i // n for i in range(n + 1)]
+    if _POOL is None or _POOL._max_workers < n:
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="moeplace-sim")
+    futs = [_POOL.submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(n)]
+    return [f.result() for f in futs]
+
+def _kernel_route(tab: RouteTables, rule: str) -> np.ndarray:
+    """int16 [L*E*W]: the GPU each (layer, expert, home) goes to, -1 where the least-loaded rule must choose."""
+    if rule == "nearest-least-loaded":
+        return np.where(tab.ambiguous, np.int16(-1), tab.static_gpu).astype(np.int16)
+    return tab.static_gpu
 
 
 def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.ndarray, home: np.ndarray,
@@ -258,15 +420,9 @@ def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.nd
         raise ValueError(f"home: GPU id out of range [0, {W})")
     if ex.size and (ex.min() < 0 or ex.max() >= E):
         raise ValueError(f"experts: expert id out of range [0, {E})")
-    idx = (ex.T.astype(np.int64)) * W + h[None, :]  # [K, T], layer 0
-    slots = tab.static_slot[idx]
-    if rule == "nearest-least-loaded":
-        amb = tab.ambiguous[idx]
-        if amb.any():
-            gpu = tab.static_gpu[idx].astype(np.int64)
-            bl = None if base_load is None else np.asarray(base_load, np.int64).reshape(1, W)
-            slots[amb] = _resolve_least_loaded(tab, idx, amb, gpu, np.zeros(ex.shape[0], np.int64), 1, bl)
-    return slots.T.copy()
+    load = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
+    return _assign_kernel(np.ascontiguousarray(ex, np.int64), np.ascontiguousarray(h), _kernel_route(tab, rule),
+                          tab.static_slot, tab.cand_slot, tab.cand_gpu, tab.cand_ok, tab.slot_gpu, W, load)
 
 
 # --------------------------------------------------------------------------------------------------- micro-batches
@@ -391,6 +547,8 @@ class _Ctx:
     cost: CostConfig
     batching: BatchConfig
     plan: Plan
+    route: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (see _kernel_route)
+    node: np.ndarray | None = None  # int64 [W] node of each GPU
 
     @property
     def W(self) -> int:
@@ -446,7 +604,8 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
     W = cluster.world_size
     tab = build_route_tables(pl.phy2log, pl.slot_gpu, np.arange(W) // cluster.gpus_per_node, meta.num_experts)
     return _Ctx(meta, pl, cluster, tab, rule, int(hidden), hidden * cost.dispatch_bytes, hidden * cost.combine_bytes,
-                pair_flops / cluster.expert_flops, cost, batching, plan)
+                pair_flops / cluster.expert_flops, cost, batching, plan, _kernel_route(tab, rule),
+                np.arange(W, dtype=np.int64) // cluster.gpus_per_node)
 
 
 # --------------------------------------------------------------------------------------------------- metrics
@@ -481,41 +640,51 @@ def two_hop_matrix(per_gpu: np.ndarray, node_sends: np.ndarray, gpus_per_node: i
     return TH.reshape(X.shape)
 
 
-def _mb_metrics(ctx: _Ctx, M: np.ndarray, TH: np.ndarray, load: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-micro-batch, per-layer quantities. M, TH: int [B, L, W, W]; load: int [B, L, W]. Returns name -> [B, L].
+_COUNTS = ("intra_gpu_sends", "intra_node_sends", "inter_node_sends", "max_message_sends", "busiest_intra",
+           "busiest_inter")  # last axis of the per-layer send counts (see _matrix_counts)
 
-    Three passes over each matrix: block row sums, block column sums, and the largest off-diagonal entry.
-    """
+
+def _send_counts(ctx: _Ctx, X: np.ndarray) -> np.ndarray:
+    """int64 [B, L, 6] counts of send matrices X [B, L, W, W] (plain numpy; the reference path uses it)."""
     W, G, Nn = ctx.W, ctx.G, ctx.num_nodes
-    cl = ctx.cluster
     own = np.arange(W) // G  # node of each GPU
     lr = np.arange(W) % G
+    lead = X.shape[:-2]
+    flat = X.reshape(*lead, W * W)
+    diag = flat[..., :: W + 1].copy()  # [..., W] intra-GPU sends
+    Xr = X.reshape(*lead, Nn, G, Nn, G)
+    brow = Xr.sum(-1)  # [..., N_n(a), G(i), N_n(b)]: sends of GPU (a, i) to node b
+    bcol = Xr.sum(-3)  # [..., N_n(a), N_n(b), G(j)]: sends from node a to GPU (b, j)
+    same_out = brow[..., own, lr, own]  # [..., W] sends inside the own node, diagonal included
+    same_in = bcol[..., own, own, lr]
+    intra_out, intra_in = same_out - diag, same_in - diag
+    inter_out = brow.sum(-1).reshape(*lead, W) - same_out
+    inter_in = bcol.sum(-3).reshape(*lead, W) - same_in
+    off = flat.copy()
+    off[..., :: W + 1] = 0
+    maxmsg = off.max(-1) if W > 1 else np.zeros(lead, np.int64)
+    return np.stack([diag.sum(-1), intra_out.sum(-1), inter_out.sum(-1), maxmsg,
+                     np.maximum(intra_out.max(-1), intra_in.max(-1)),
+                     np.maximum(inter_out.max(-1), inter_in.max(-1))], -1).astype(np.int64)
+
+
+def _mb_metrics(ctx: _Ctx, counts: dict[str, np.ndarray], load: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-micro-batch, per-layer quantities. counts: mode -> int [B, L, 6] (see _COUNTS); load: int [B, L, W].
+
+    Returns name -> [B, L].
+    """
+    W, G = ctx.W, ctx.G
+    cl = ctx.cluster
     out: dict[str, np.ndarray] = {}
-    for mode, X in (("per_gpu", M), ("two_hop", TH)):
-        lead = X.shape[:-2]
-        flat = X.reshape(*lead, W * W)
-        diag = flat[..., :: W + 1].copy()  # [..., W] intra-GPU sends
-        Xr = X.reshape(*lead, Nn, G, Nn, G)
-        brow = Xr.sum(-1)  # [..., N_n(a), G(i), N_n(b)]: sends of GPU (a, i) to node b
-        bcol = Xr.sum(-3)  # [..., N_n(a), N_n(b), G(j)]: sends from node a to GPU (b, j)
-        same_out = brow[..., own, lr, own]  # [..., W] sends inside the own node, diagonal included
-        same_in = bcol[..., own, own, lr]
-        intra_out, intra_in = same_out - diag, same_in - diag
-        inter_out = brow.sum(-1).reshape(*lead, W) - same_out
-        inter_in = bcol.sum(-3).reshape(*lead, W) - same_in
-        intra = intra_out.sum(-1)
-        out[f"{mode}.intra_gpu_sends"] = diag.sum(-1)
-        out[f"{mode}.intra_node_sends"] = intra
-        out[f"{mode}.inter_node_sends"] = inter_out.sum(-1)
-        flat[..., :: W + 1] = 0  # largest off-diagonal message, then restore the diagonal
-        maxmsg = flat.max(-1) if W > 1 else np.zeros(lead, np.int64)
-        flat[..., :: W + 1] = diag
-        out[f"{mode}.max_message_sends"] = maxmsg
+    for mode in DEDUP_MODES:
+        c = counts[mode]
+        for j, name in enumerate(_COUNTS[:4]):
+            out[f"{mode}.{name}"] = c[..., j]
+        maxmsg = c[..., 3]
         t = {}
-        for name, o, i, alpha, bw, peers in (
-                ("intra", intra_out, intra_in, cl.intra_latency, cl.intra_bw, G - 1),
-                ("inter", inter_out, inter_in, cl.inter_latency, cl.inter_bw, W - G)):
-            busiest = np.maximum(o.max(-1), i.max(-1)) if W else np.zeros(lead, np.int64)
+        for name, busiest, alpha, bw, peers in (
+                ("intra", c[..., 4], cl.intra_latency, cl.intra_bw, G - 1),
+                ("inter", c[..., 5], cl.inter_latency, cl.inter_bw, W - G)):
             padded = peers * maxmsg
             for key, sends in (("", busiest), ("_padded", padded)):
                 for part, nbytes in (("d", ctx.dispatch_send_bytes), ("c", ctx.combine_send_bytes)):
@@ -523,10 +692,10 @@ def _mb_metrics(ctx: _Ctx, M: np.ndarray, TH: np.ndarray, load: np.ndarray) -> d
         for key in ("", "_padded"):
             out[f"{mode}.comm_time{key}"] = (np.maximum(t["intra", key, "d"], t["inter", key, "d"])
                                              + np.maximum(t["intra", key, "c"], t["inter", key, "c"]))
-    mx = load.max(-1)
+    mx = load.max(-1) if W else np.zeros(load.shape[:-1], np.int64)
     out["compute_time"] = mx * ctx.pair_seconds
-    out["pairs"] = load.sum(-1)
-    out["max_load"] = mx
+    out["pairs"] = load.sum(-1).astype(np.int64)
+    out["max_load"] = mx.astype(np.int64)
     return out
 
 
@@ -693,7 +862,12 @@ class SimResult:
 
 
 class _PhaseAcc:
-    """Accumulators of one phase: totals, open micro-batches (not yet complete) and finished per-mb metrics."""
+    """Accumulators of one phase: totals, finished per-micro-batch metrics, and the token rows of open micro-batches.
+
+    A micro-batch is routed only once all its tokens were seen: rows of open micro-batches wait in ``pending``
+    (copies of their routing, 2 bytes per token, layer and k: much less than open [L, W, W] matrices), so the
+    kernel routes each micro-batch with its matrices hot in cache and reduces them at once.
+    """
 
     def __init__(self, ctx: _Ctx, lay: _Layout, phase: int) -> None:
         L, W = ctx.meta.num_layers, ctx.W
@@ -705,31 +879,87 @@ class _PhaseAcc:
         self.node_local = np.zeros(L, np.int64)
         self.load = np.zeros((L, W), np.int64)
         self.sends = {m: np.zeros((L, W, W), np.int64) for m in DEDUP_MODES}
-        self.open: dict[int, list] = {}  # mb id -> [M [L,W,W], node sends [L,W,N_n], load [L,W], tokens seen]
         self.done_ids: list[np.ndarray] = []
         self.done: list[dict] = []
+        self.seen: dict[int, int] = {}  # open micro-batch id -> tokens seen so far
+        self.pending: list[list] = []  # [ids int16 [n, L, K], home [n], mb [n], alive bool [n]] in trace order
 
     def finish(self, mbs: list[int], M: np.ndarray, TH: np.ndarray, load: np.ndarray) -> None:
-        """Record complete micro-batches: M, TH int [B, L, W, W], load [B, L, W]."""
+        """Record complete micro-batches given as matrices (reference path): M, TH int [B, L, W, W], load [B, L, W]."""
         if not len(mbs):
             return
         self.sends["per_gpu"] += M.sum(0)
         self.sends["two_hop"] += TH.sum(0)
         self.done_ids.append(np.asarray(mbs, np.int64))
-        self.done.append(_mb_metrics(self.ctx, M, TH, load))
+        counts = {"per_gpu": _send_counts(self.ctx, M), "two_hop": _send_counts(self.ctx, TH)}
+        self.done.append(_mb_metrics(self.ctx, counts, load))
 
-    def finish_open(self, mbs: list[int]) -> None:
-        G = self.ctx.G
-        for s in range(0, len(mbs), 32):  # bounded temporaries
-            part = mbs[s:s + 32]
-            st = [self.open.pop(m) for m in part]
-            M = np.stack([x[0] for x in st])
-            TH = two_hop_matrix(M, np.stack([x[1] for x in st]), G)
-            self.finish(part, M, TH, np.stack([x[2] for x in st]))
+    def add(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
+        """Take the rows ``rows`` of ids int16 [T, L, K] (one phase, trace order; home, mb: int [n]) and route
+        every micro-batch that is now complete."""
+        n = len(rows)
+        if n == 0:
+            return
+        self.tokens += n
+        self.pairs += np.int64(ids.shape[2] * n)
+        umb, cnt = np.unique(mb, return_counts=True)
+        pos = np.searchsorted(self.expect_ids, umb)
+        complete = []
+        from_pending = False  # a complete micro-batch has rows waiting from earlier chunks
+        for m, c, i in zip(umb.tolist(), cnt.tolist(), pos.tolist(), strict=True):
+            before = self.seen.pop(m, 0)
+            if i < len(self.expect_ids) and self.expect_ids[i] == m and before + c >= self.expect_n[i]:
+                complete.append(m)
+                from_pending |= before > 0
+            else:
+                self.seen[m] = before + c
+        now = np.isin(mb, complete) if len(complete) < len(umb) else np.ones(n, bool)
+        if from_pending:
+            parts: list[tuple] = []
+            for p in self.pending:
+                take = p[3] & np.isin(p[2], complete)
+                if take.any():
+                    parts.append((p[0][take], p[1][take], p[2][take]))
+                    p[3] &= ~take
+            self.pending = [p for p in self.pending if p[3].any()]
+            parts.append((ids[rows[now]], home[now], mb[now]))
+            cat = np.concatenate([x[0] for x in parts])
+            self._route(cat, np.arange(len(cat)), np.concatenate([x[1] for x in parts]),
+                        np.concatenate([x[2] for x in parts]))
+        elif complete:
+            self._route(ids, rows[now], home[now], mb[now])
+        if not now.all():
+            keep = ~now
+            self.pending.append([ids[rows[keep]], home[keep], mb[keep], np.ones(int(keep.sum()), bool)])
+
+    def _route(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
+        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids."""
+        ctx = self.ctx
+        L = ctx.meta.num_layers
+        order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
+        umb, cnt = np.unique(mb, return_counts=True)
+        starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+        nb = len(umb)
+        loads = np.zeros((nb, L, ctx.W), np.int64)
+        counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
+        bad = _by_layers(_mb_kernel, L, np.ascontiguousarray(ids, np.int16), np.ascontiguousarray(rows[order]),
+                         np.ascontiguousarray(home[order], np.int64), starts, ctx.route, ctx.tab.cand_gpu,
+                         ctx.tab.cand_ok, ctx.node, ctx.G, loads, counts["per_gpu"], counts["two_hop"],
+                         self.sends["per_gpu"], self.sends["two_hop"], self.local, self.node_local)
+        if max(bad) >= 0:
+            raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+        self.load += loads.sum(0)
+        self.done_ids.append(umb.astype(np.int64))
+        self.done.append(_mb_metrics(ctx, counts, loads))
 
     def result(self, name: str) -> PhaseResult:
-        if self.open:
-            self.finish_open(sorted(self.open))
+        if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
+            ps = [p for p in self.pending if p[3].any()]
+            self.pending = []
+            if ps:
+                ids = np.concatenate([p[0][p[3]] for p in ps])
+                self._route(ids, np.arange(len(ids)), np.concatenate([p[1][p[3]] for p in ps]),
+                            np.concatenate([p[2][p[3]] for p in ps]))
         L = self.ctx.meta.num_layers
         if self.done:
             ids = np.concatenate(self.done_ids)
@@ -738,103 +968,10 @@ class _PhaseAcc:
             ids = ids[order]
         else:
             ids = np.zeros(0, np.int64)
-            z = self.ctx
-            empty = _mb_metrics(z, np.zeros((0, L, z.W, z.W), np.int64), np.zeros((0, L, z.W, z.W), np.int64),
-                                np.zeros((0, L, z.W), np.int64))
-            pm = empty
+            z = np.zeros((0, L, 6), np.int64)
+            pm = _mb_metrics(self.ctx, {m: z for m in DEDUP_MODES}, np.zeros((0, L, self.ctx.W), np.int64))
         return PhaseResult(name, self.tokens, self.ctx.dispatch_send_bytes, self.ctx.combine_send_bytes, ids,
                            self.pairs, self.load, self.local, self.node_local, self.sends, pm)
-
-
-def _accumulate_fast(acc: _PhaseAcc, ids: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
-    """Add the tokens of one phase of one chunk. ids: int16 [T, L, K]; home, mb: int [T] (trace order)."""
-    ctx = acc.ctx
-    T, L, K = ids.shape
-    if T == 0:
-        return
-    W, G, E, Nn = ctx.W, ctx.G, ctx.meta.num_experts, ctx.num_nodes
-    order = np.argsort(mb, kind="stable")  # micro-batches contiguous, trace order kept inside each
-    ids, home, mb = ids[order], home[order], mb[order]
-    umb, mbl, cnt = np.unique(mb, return_inverse=True, return_counts=True)
-    per_sub = max(1, _MAX_BINS // (L * W * W))
-    bounds = np.r_[0, np.cumsum(cnt)]
-    for s in range(0, len(umb), per_sub):
-        m0, m1 = s, min(len(umb), s + per_sub)
-        t0, t1 = bounds[m0], bounds[m1]
-        _accumulate_sub(acc, ids[t0:t1], home[t0:t1], mbl[t0:t1] - m0, umb[m0:m1], L, K, W, G, E, Nn)
-    acc.tokens += T
-    seen = np.searchsorted(acc.expect_ids, umb)
-    complete = []
-    for m, n, i in zip(umb.tolist(), cnt.tolist(), seen.tolist(), strict=True):
-        st = acc.open[m]
-        st[3] += n
-        if i < len(acc.expect_ids) and acc.expect_ids[i] == m and st[3] >= acc.expect_n[i]:
-            complete.append(m)
-    acc.finish_open(complete)
-
-
-def _first_occurrence(x: np.ndarray) -> np.ndarray:
-    """bool [K, N]: x[j, n] differs from x[0..j-1, n]."""
-    first = np.ones(x.shape, bool)
-    for j in range(1, x.shape[0]):
-        dup = x[j] == x[0]
-        for i in range(1, j):
-            dup |= x[j] == x[i]
-        first[j] = ~dup
-    return first
-
-
-def _accumulate_sub(acc: _PhaseAcc, ids, home, mbl, umb, L, K, W, G, E, Nn) -> None:
-    ctx = acc.ctx
-    T = len(home)
-    nm = len(umb)
-    N = L * T
-    lidx = np.arange(L, dtype=np.int64)
-    it = np.int64 if L * E * W >= 1 << 31 else np.int32
-    base = (lidx[:, None] * (E * W) + home[None, :]).astype(it)  # [L, T]
-    e = np.ascontiguousarray(ids.transpose(2, 1, 0), dtype=it)  # [K, L, T]
-    idx = (e * it(W) + base[None]).reshape(K, N)
-    del e
-    gpu = ctx.tab.static_gpu.take(idx)  # int16 [K, N]
-    if ctx.rule == "nearest-least-loaded":
-        amb = ctx.tab.ambiguous.take(idx)
-        if amb.any():
-            grp = (mbl[None, :] * L + lidx[:, None]).reshape(N)
-            base_load = np.zeros((nm, L, W), np.int64)
-            for j, m in enumerate(umb.tolist()):
-                if m in acc.open:
-                    base_load[j] = acc.open[m][2]
-            g64 = gpu.astype(np.int64)
-            _resolve_least_loaded(ctx.tab, idx.astype(np.int64), amb, g64, grp, nm * L, base_load.reshape(nm * L, W))
-            gpu = g64.astype(np.int16)
-    del idx
-    h_row = np.broadcast_to(home[None, :], (L, T)).reshape(N).astype(np.int16)
-    node = gpu // np.int16(G)
-    hn_row = h_row // np.int16(G)
-    local = (gpu == h_row).reshape(K, L, T).sum((0, 2))
-    nlocal = (node == hn_row).reshape(K, L, T).sum((0, 2))
-    row = (mbl[None, :].astype(np.int64) * L + lidx[:, None]).reshape(N)  # group of each row
-    load = np.bincount((row * W + gpu).ravel(), minlength=nm * L * W).reshape(nm, L, W)
-    dummy = nm * L * W * W
-    rowh = row * W + h_row
-    keym = np.where(_first_occurrence(gpu), rowh * W + gpu, dummy)
-    Mc = np.bincount(keym.ravel(), minlength=dummy + 1)[:dummy].reshape(nm, L, W, W)
-    del keym
-    dummyb = nm * L * W * Nn
-    keyb = np.where(_first_occurrence(node) & (node != hn_row), rowh * Nn + node, dummyb)
-    Bc = np.bincount(keyb.ravel(), minlength=dummyb + 1)[:dummyb].reshape(nm, L, W, Nn)
-    acc.pairs += np.int64(K * T)
-    acc.local += local
-    acc.node_local += nlocal
-    acc.load += load.sum(0)
-    for j, m in enumerate(umb.tolist()):
-        st = acc.open.get(m)
-        if st is None:
-            acc.open[m] = [Mc[j].astype(np.int64), Bc[j].astype(np.int64), load[j].astype(np.int64), 0]
-        else:
-            st[0] += Mc[j]
-            st[1] += Bc[j]
-            st[2] += load[j]
 
 
 # --------------------------------------------------------------------------------------------------- entry points
@@ -878,6 +1015,8 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     lay = _build_layout(source, requests, ctx.plan.home_of(requests.request_id), ctx.batching)
+    if len(lay.home) and (lay.home.min() < 0 or lay.home.max() >= ctx.W):
+        raise ValueError(f"plan: a request's home GPU is out of range [0, {ctx.W})")
     accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
     total = int(sum(lay.mb_tokens[p].sum() for p in (PREFILL, DECODE)))
     bar = None
@@ -889,10 +1028,10 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
         r = _rows_of(lay, ch.request_id)
         mb = microbatch_ids(lay, r, ch.position, ch.phase)
         home = lay.home[r]
+        ids = np.ascontiguousarray(ch.expert_ids, np.int16)
         for p in (PREFILL, DECODE):
-            sel = ch.phase == p
-            if sel.any():
-                _accumulate_fast(accs[p], ch.expert_ids[sel], home[sel], mb[sel])
+            sel = np.flatnonzero(ch.phase == p)
+            accs[p].add(ids, sel, home[sel], mb[sel])
         if bar is not None:
             bar.update(len(ch))
     if bar is not None:
