@@ -143,17 +143,10 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
     cand[np.arange(L)[:, None], srt, rank] = order
     valid = cand >= 0
     cgpu = np.where(valid, sg[np.maximum(cand, 0)], 0)
-    homes = np.arange(W)
-    same_gpu = cgpu[:, :, None, :] == homes[None, None, :, None]  # [L, E, W, M]
-    same_node = nog[cgpu][:, :, None, :] == nog[homes][None, None, :, None]
-    tier = np.where(same_gpu, 0, np.where(same_node, 1, 2))
-    tier = np.where(valid[:, :, None, :], tier, 3)
-    ok = tier == tier.min(-1, keepdims=True)
-    nbest = ok.sum(-1)  # [L, E, W]
-    pick = homes[None, None, :] % nbest
-    sel = ok & (np.cumsum(ok, -1) - 1 == pick[..., None])
-    j = sel.argmax(-1)  # [L, E, W]
-    static = np.take_along_axis(np.broadcast_to(cand[:, :, None, :], ok.shape), j[..., None], -1)[..., 0]
+    ok = np.zeros((L, E, W, M), bool)
+    static = np.zeros((L, E, W), np.int64)
+    nbest = np.zeros((L, E, W), np.int64)
+    _tier_kernel(cand, cgpu, nog, ok, static, nbest)
     return RouteTables(
         num_experts=E,
         num_gpus=W,
@@ -165,6 +158,37 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
         static_gpu=sg[static].reshape(-1).astype(np.int16),
         ambiguous=(nbest >= 2).reshape(-1),
     )
+
+
+@njit(cache=True, nogil=True)
+def _tier_kernel(cand, cgpu, nog, ok, static, nbest):
+    """The nearest tier of every (layer, expert, home): ok [L, E, W, M] candidate is in it, nbest [L, E, W] its
+    size, static [L, E, W] its candidate number ``home % size`` (slot order). cand, cgpu: [L, E, M], -1 padded."""
+    L, E, M = cand.shape
+    W = nog.shape[0]
+    for layer in range(L):
+        for e in range(E):
+            for h in range(W):
+                best = 3
+                for m in range(M):
+                    if cand[layer, e, m] >= 0:
+                        g = cgpu[layer, e, m]
+                        best = min(best, 0 if g == h else (1 if nog[g] == nog[h] else 2))
+                n = 0
+                for m in range(M):
+                    if cand[layer, e, m] >= 0:
+                        g = cgpu[layer, e, m]
+                        if (0 if g == h else (1 if nog[g] == nog[h] else 2)) == best:
+                            ok[layer, e, h, m] = True
+                            n += 1
+                nbest[layer, e, h] = n
+                pick = h % n
+                for m in range(M):
+                    if ok[layer, e, h, m]:
+                        if pick == 0:
+                            static[layer, e, h] = cand[layer, e, m]
+                            break
+                        pick -= 1
 
 
 # Compiled kernels (numba). One pass over a chunk's tokens x layers does replica choice, dedup, two-hop and load;
@@ -210,61 +234,67 @@ def _assign_kernel(ex, home, route, static_slot, cand_slot, cand_gpu, cand_ok, s
 
 
 @njit(cache=True, nogil=True)
-def _counts_and_clear(X, node, G, tot, out):
+def _counts_and_clear(X, node, G, tot, out, col, own):
     """Counts of one send matrix X [W, W] into out[0:6]: intra-GPU, intra-node and inter-node sends, the largest
     off-diagonal entry, and the busiest GPU's max(sent, received) sends over intra-node and over inter-node links.
-    Adds X into tot [W, W] and zeroes X. Rows are walked by node blocks of G columns (no per-entry class test)."""
+    Adds X into tot [W, W] when tot has rows (else skips), and zeroes X. col, own: int64 [W] scratch.
+
+    Row h: sent = row sum, intra-node part = its own node's block; received by d: column sum, intra-node part =
+    the rows of d's node. The diagonal is taken out first, so the inner loops are plain sums (vectorisable).
+    """
     W = X.shape[0]
-    ii = np.zeros(W, np.int64)
-    ei = np.zeros(W, np.int64)
-    io = np.zeros(W, np.int64)
-    eo = np.zeros(W, np.int64)
+    add = tot.shape[0] > 0
+    col[:] = 0
+    own[:] = 0
     diag = 0
     mx = 0
-    for h in range(W):
-        own = node[h] * G
-        row = X[h]
-        trow = tot[h]
-        dg = np.int64(row[h])
-        diag += dg
-        for c0 in range(0, W, G):
-            s = 0
-            if c0 == own:
-                for d in range(c0, c0 + G):
-                    x = np.int64(row[d])
-                    trow[d] += x
-                    ii[d] += x
-                    s += x
-                    if d != h and x > mx:
-                        mx = x
-                io[h] += s - dg
-                ii[h] -= dg
-            else:
-                for d in range(c0, c0 + G):
-                    x = np.int64(row[d])
-                    trow[d] += x
-                    ei[d] += x
-                    s += x
-                    if x > mx:
-                        mx = x
-                eo[h] += s
-            for d in range(c0, c0 + G):
-                row[d] = 0
     bi = 0
     be = 0
+    intra = 0
+    total = 0
     for h in range(W):
-        bi = max(bi, io[h], ii[h])
-        be = max(be, eo[h], ei[h])
+        row = X[h]
+        dg = np.int64(row[h])
+        row[h] = 0
+        diag += dg
+        rs = 0
+        m = 0
+        for d in range(W):
+            x = np.int64(row[d])
+            rs += x
+            m = max(m, x)
+            col[d] += x
+        if add:
+            trow = tot[h]
+            for d in range(W):
+                trow[d] += row[d]
+            trow[h] += dg
+        c0 = node[h] * G
+        os = 0
+        for d in range(c0, c0 + G):
+            x = np.int64(row[d])
+            os += x
+            own[d] += x
+        for d in range(W):
+            row[d] = 0
+        bi = max(bi, os)
+        be = max(be, rs - os)
+        intra += os
+        total += rs
+        mx = max(mx, m)
+    for d in range(W):
+        bi = max(bi, own[d])
+        be = max(be, col[d] - own[d])
     out[0] = diag
-    out[1] = io.sum()
-    out[2] = eo.sum()
+    out[1] = intra
+    out[2] = total - intra
     out[3] = mx
     out[4] = bi
     out[5] = be
 
 
 @njit(cache=True, nogil=True)
-def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_th, local,
+def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b, local,
                nlocal, l0, l1):
     """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
 
@@ -278,8 +308,9 @@ def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads
     layer inside a block, so the layer's tables and matrices stay in cache. At the end of a micro-batch the
     two-hop matrix is built from M and B (sends inside the home node stay direct; a send to a remote node lands on
     the GPU of the home's local rank there and is forwarded over NVLink to each other target), and both matrices
-    are reduced by _counts_and_clear. Writes loads int64 [B, L, W], cpg, cth int64 [B, L, 6]; adds into tot_pg,
-    tot_th int64 [L, W, W] and local, nlocal int64 [L]. Layers are independent: disjoint layer ranges may run in
+    are reduced by _counts_and_clear. Writes loads int64 [B, L, W], cpg, cth int64 [B, L, 6]; adds into tot_pg
+    int64 [L, W, W] (per-GPU sends), tot_b int64 [L, W, N_n] (B; the two-hop totals are linear in both, see
+    two_hop_matrix) and local, nlocal int64 [L]. Layers are independent: disjoint layer ranges may run in
     parallel threads. Returns -1, or a row whose expert id is out of range.
     """
     L, K = ids.shape[1], ids.shape[2]
@@ -292,6 +323,9 @@ def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads
     M = np.zeros((l1 - l0, W, W), np.int32)
     B = np.zeros((l1 - l0, W, Nn), np.int32)
     TH = np.zeros((W, W), np.int32)
+    none = np.zeros((0, W), np.int64)
+    col = np.zeros(W, np.int64)
+    own = np.zeros(W, np.int64)
     seen_g = np.zeros(W, np.int64)  # stamp of the last token-layer that sent to each GPU / node
     seen_n = np.zeros(Nn, np.int64)
     stamp = 0
@@ -349,9 +383,10 @@ def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads
                             th[d] += row[d]
                         th[land] -= row[land]
                         TH[h, land] += Bl[h, nd]
+                        tot_b[layer, h, nd] += Bl[h, nd]
                         Bl[h, nd] = 0
-            _counts_and_clear(X, node, G, tot_pg[layer], cpg[b, layer])
-            _counts_and_clear(TH, node, G, tot_th[layer], cth[b, layer])
+            _counts_and_clear(X, node, G, tot_pg[layer], cpg[b, layer], col, own)
+            _counts_and_clear(TH, node, G, none, cth[b, layer], col, own)
     return -1
 
 _POOL: ThreadPoolExecutor | None = None
@@ -883,6 +918,7 @@ class _PhaseAcc:
         self.done: list[dict] = []
         self.seen: dict[int, int] = {}  # open micro-batch id -> tokens seen so far
         self.pending: list[list] = []  # [ids int16 [n, L, K], home [n], mb [n], alive bool [n]] in trace order
+        self.node_sends: np.ndarray | None = None  # int64 [L, W, N_n] once the kernel routed (two-hop totals)
 
     def finish(self, mbs: list[int], M: np.ndarray, TH: np.ndarray, load: np.ndarray) -> None:
         """Record complete micro-batches given as matrices (reference path): M, TH int [B, L, W, W], load [B, L, W]."""
@@ -942,10 +978,12 @@ class _PhaseAcc:
         nb = len(umb)
         loads = np.zeros((nb, L, ctx.W), np.int64)
         counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
+        if self.node_sends is None:
+            self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
         bad = _by_layers(_mb_kernel, L, np.ascontiguousarray(ids, np.int16), np.ascontiguousarray(rows[order]),
                          np.ascontiguousarray(home[order], np.int64), starts, ctx.route, ctx.tab.cand_gpu,
                          ctx.tab.cand_ok, ctx.node, ctx.G, loads, counts["per_gpu"], counts["two_hop"],
-                         self.sends["per_gpu"], self.sends["two_hop"], self.local, self.node_local)
+                         self.sends["per_gpu"], self.node_sends, self.local, self.node_local)
         if max(bad) >= 0:
             raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
         self.load += loads.sum(0)
@@ -960,6 +998,9 @@ class _PhaseAcc:
                 ids = np.concatenate([p[0][p[3]] for p in ps])
                 self._route(ids, np.arange(len(ids)), np.concatenate([p[1][p[3]] for p in ps]),
                             np.concatenate([p[2][p[3]] for p in ps]))
+        if self.node_sends is not None:
+            self.sends["two_hop"] = two_hop_matrix(self.sends["per_gpu"], self.node_sends, self.ctx.G)
+            self.node_sends = None
         L = self.ctx.meta.num_layers
         if self.done:
             ids = np.concatenate(self.done_ids)
