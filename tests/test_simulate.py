@@ -202,3 +202,38 @@ def test_streaming_from_disk_and_cli(tmp_path):
                "--decode-batch", "4", "--prefill-tokens", "7"])
     assert rc == 0 and json.loads(out.read_text())["inter_node_bytes"] == j["inter_node_bytes"]
     assert main(["simulate", str(path), "--cluster", "2x3", "--json", str(out)]) == 2  # 8 experts on 6 GPUs
+
+
+def test_assign_slots_in_parts_equals_whole():
+    """base_load carries a micro-batch routed in several calls: two halves give the same slots as one call."""
+    rng = np.random.default_rng(11)
+    E, W = 5, 4
+    p2l = np.r_[rng.permutation(E), rng.integers(0, E, 7)]
+    slot_gpu = np.arange(12) // 3
+    node = np.zeros(W, np.int64)  # one node: every replica is in the nearest tier, least-loaded always chooses
+    home = rng.integers(0, W, 30)
+    ex = np.argsort(rng.random((30, E)), 1)[:, :3]
+    whole = assign_slots(p2l, slot_gpu, node, home, ex)
+    first = assign_slots(p2l, slot_gpu, node, home[:13], ex[:13])
+    base = np.bincount(slot_gpu[first].ravel(), minlength=W)
+    second = assign_slots(p2l, slot_gpu, node, home[13:], ex[13:], base_load=base)
+    assert np.array_equal(whole, np.r_[first, second])
+
+
+def test_threads_do_not_change_results(monkeypatch):
+    rng = np.random.default_rng(5)
+    tr = make_trace(rng, 5, 7, 12, 3, 6, 4)
+    plan = Plan(Placement.linear(7, 12, 4, num_redundant=4), Cluster(2, 2))
+    b = BatchConfig(decode_batch=2, prefill_tokens=5)
+    out = []
+    for n in ("1", "3"):
+        monkeypatch.setenv("MOEPLACE_SIM_THREADS", n)
+        out.append(simulate(tr, plan, batching=b, chunk_tokens=7).to_json())
+    assert out[0] == out[1] == simulate_reference(tr, plan, batching=b).to_json()
+
+
+def test_bad_expert_id_is_refused():
+    tr = one_token_trace([0, 1])
+    tr.tokens.expert_ids[0, 0, 1] = 9  # E = 4
+    with pytest.raises(ValueError, match="expert id out of range"):
+        simulate(tr, Plan(Placement.linear(1, 4, 4), Cluster(2, 2)))
