@@ -54,7 +54,8 @@ def main() -> int:
     out = {"trace": str(path), "synthetic": bool(tr.meta.synthetic), "requests": int(work.num_requests),
            "tokens": int(len(tk)), "cluster": cluster.spec(), "redundant": args.redundant,
            "read_seconds": load_s, "plan_seconds": plan.plan_seconds,
-           "planning_balancedness": plan.extra.get("planning_balancedness"), "homes": len(plan.homes)}
+           "planning_balancedness": plan.extra.get("planning_balancedness"), "fallback": plan.extra.get("fallback"),
+           "timings": plan.extra.get("timings"), "homes": len(plan.homes)}
     print(json.dumps(out, indent=1))
     print(f"joint on {work.num_requests} requests ({len(tk)} tokens): {plan.plan_seconds:.1f} s "
           f"({'under' if plan.plan_seconds < 60 else 'OVER'} the 60 s target)")

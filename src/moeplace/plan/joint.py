@@ -40,6 +40,7 @@ from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmea
 
 DEFAULT_BALANCE_FLOOR = 0.95
 MAX_FEATURE_DIM = 4096  # grouping features use evenly spaced layers beyond this many (layer, expert) entries
+MAX_FOLD_CELLS = 1 << 17  # folds * W * E per layer at most (fold loads of the robust balance term)
 PENALTY = 4.0  # sends one unit of load above the cap is worth (per layer, in sample units)
 
 
@@ -104,7 +105,8 @@ class _LayerSearch:
 
     def __init__(self, p2l: np.ndarray, S: int, G: int, use: np.ndarray, cap: float, penalty: float,
                  co: np.ndarray | None = None, home: np.ndarray | None = None, ids: np.ndarray | None = None,
-                 scale: float = 1.0, offset: np.ndarray | None = None) -> None:
+                 scale: float = 1.0, offset: np.ndarray | None = None, fold_use: np.ndarray | None = None,
+                 robust: float = 0.0) -> None:
         self.p2l = p2l.copy()
         self.S, self.G, self.W = S, G, use.shape[0]
         self.E = use.shape[1]
@@ -112,6 +114,14 @@ class _LayerSearch:
         self.node_h = np.arange(self.W) // G
         self.serve = serve_table(self.p2l, S, G, self.W, self.E)
         self.load = gpu_load(self.serve, use) + (0.0 if offset is None else offset)
+        # fold loads [F, W]: each GPU's load on F disjoint request folds; their spread across folds estimates how
+        # much the GPU's load moves on another window of requests (co-located experts whose loads rise and fall
+        # together spread most), and ``robust * sqrt(F) * std`` is added to the load the cap applies to
+        self.fold_use, self.robust = fold_use, robust  # [F, W, E] or None
+        self.fold_load = None
+        if fold_use is not None:
+            onehot = np.eye(self.W)[self.serve]  # [W(home), E, W(gpu)]
+            self.fold_load = np.einsum("fhe,heg->fg", fold_use, onehot)
         self.exact = ids is not None
         if self.exact:
             self.home, self.ids = home, ids.astype(np.int64)
@@ -133,7 +143,10 @@ class _LayerSearch:
         self._mark[idx] = False
         return idx
 
-    def overflow(self, load: np.ndarray) -> float:
+    def overflow(self, load: np.ndarray, fold_load: np.ndarray | None = None) -> float:
+        """Load above the cap, the load raised by ``robust * sqrt(F)`` standard deviations of the fold loads."""
+        if fold_load is not None and self.robust > 0:
+            load = load + self.robust * np.sqrt(fold_load.shape[0]) * fold_load.std(axis=0, ddof=1)
         return float(np.maximum(load - self.cap, 0.0).sum())
 
     def model_sends(self, serve: np.ndarray, touched: tuple[int, ...]) -> float:
@@ -157,13 +170,18 @@ class _LayerSearch:
         saved = self.serve[:, touched].copy()
         new_serve = self.serve.copy() if not self.exact else self.serve
         load = self.load.copy()
+        fold_load = None if self.fold_load is None else self.fold_load.copy()
+        hw = np.arange(self.W)
         for e in touched:
             col = _serve_column(np.flatnonzero(self.p2l == e), self.S, self.G, self.W)
             u = self.use[:, e]
             load -= np.bincount(new_serve[:, e], weights=u, minlength=self.W)
             load += np.bincount(col, weights=u, minlength=self.W)
+            if fold_load is not None:
+                d = (col[:, None] == hw).astype(np.float64) - (new_serve[:, e][:, None] == hw)
+                fold_load += self.fold_use[:, :, e] @ d
             new_serve[:, e] = col
-        dpen = self.penalty * (self.overflow(load) - self.overflow(self.load))
+        dpen = self.penalty * (self.overflow(load, fold_load) - self.overflow(self.load, self.fold_load))
         if self.exact:
             tok = self.tokens_of(touched)
             new_sends = token_sends(self.serve, self.home[tok], self.ids[tok], self.G)
@@ -176,6 +194,7 @@ class _LayerSearch:
             else:
                 self.serve = new_serve
             self.load = load
+            self.fold_load = fold_load
             return delta
         for p, e in old.items():
             self.p2l[p] = e
@@ -308,15 +327,26 @@ def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | No
     return normalise_rows(counts)
 
 
-def assign_all(grouper: Grouper, work: Workload, chunk: int = 2048) -> np.ndarray:
-    """int64 [Rq]: homes of every request of the window from the grouper (features computed in chunks)."""
-    Rq = work.num_requests
-    scores = np.empty((Rq, grouper.num_nodes), np.float32)
-    for s in range(0, Rq, chunk):
-        idx = np.arange(s, min(Rq, s + chunk))
-        scores[idx] = signal_features(work, idx, grouper.layers) @ grouper.weights.T
+def assign_all(grouper: Grouper, work: Workload, chunk: int = 8192) -> np.ndarray:
+    """int64 [Rq]: homes of every request of the window from the grouper (features computed in chunks).
+
+    The signal rows are found and sorted by request once, so each chunk reads only its own rows.
+    """
     from moeplace.plan.grouping import assign_rounds
 
+    Rq = work.num_requests
+    rows = np.flatnonzero(work.signal)
+    tr = work.token_request[rows]
+    order = np.argsort(tr, kind="stable")
+    rows, tr = rows[order], tr[order]
+    scores = np.empty((Rq, grouper.num_nodes), np.float32)
+    for s in range(0, Rq, chunk):
+        e = min(Rq, s + chunk)
+        a, b = np.searchsorted(tr, [s, e])
+        r = rows[a:b]
+        ids = work.expert_ids[r] if grouper.layers is None else work.expert_ids[r[:, None], grouper.layers]
+        counts = request_expert_counts(tr[a:b] - s, ids, e - s, work.num_experts)
+        scores[s:e] = normalise_rows(counts) @ grouper.weights.T
     return assign_rounds(scores, grouper.gpus_per_node, grouper.round_size)
 
 
@@ -341,6 +371,29 @@ def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int,
     return out
 
 
+def _fold_use(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, fold: np.ndarray, W: int,
+              E: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float [L, F, W, E], float [L, W, E]): traffic pairs by fold, home GPU and expert, and the window's pairs
+    by home GPU and expert (the folds' sum).
+
+    fold: int [Rq] fold of every request (F = fold.max() + 1).
+    """
+    T, L, K = ids.shape
+    F = int(fold.max()) + 1
+    key = (fold[tok_req].astype(np.int64) * W + homes[tok_req].astype(np.int64))[:, None] * E
+    out = np.empty((L, F, W, E))
+    for layer in range(L):
+        out[layer] = np.bincount((key + ids[:, layer, :]).ravel(), minlength=F * W * E).reshape(F, W, E)
+    return out, out.sum(axis=1)
+
+
+def request_folds(num_requests: int, num_folds: int, rng: np.random.Generator) -> np.ndarray:
+    """int [Rq]: a random partition of the requests into ``num_folds`` folds of equal size (+-1)."""
+    out = np.empty(num_requests, np.int64)
+    out[rng.permutation(num_requests)] = np.arange(num_requests) % num_folds
+    return out
+
+
 def _sample_rows(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= k else np.sort(rng.choice(n, k, replace=False))
 
@@ -356,7 +409,8 @@ def window_objective(phy2log: np.ndarray, homes: np.ndarray, tok_req: np.ndarray
 def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, sample: np.ndarray, P: int,
                       cluster: Cluster, floor: float, rng: np.random.Generator, deadline: float,
                       penalty: float = PENALTY, exact_share: float = 0.3, start: np.ndarray | None = None,
-                      offset: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+                      offset: np.ndarray | None = None, fold: np.ndarray | None = None,
+                      robust: float = 0.0) -> tuple[np.ndarray, dict]:
     """Step 2 of the alternation: phy2log [L, P] for fixed homes [Rq] (traffic rows ids [T, L, K]).
 
     Per layer: :func:`initial_placement` (or ``start`` [L, P]), a local search on the pairwise model (whole
@@ -367,7 +421,10 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
     L = ids.shape[1]
     E = int(ids.max()) + 1 if ids.size else 1
     S = P // W
-    use = _use_by_gpu(tok_req, ids, homes, W, E)
+    if fold is None:
+        use, fuse = _use_by_gpu(tok_req, ids, homes, W, E), None
+    else:
+        fuse, use = _fold_use(tok_req, ids, homes, fold, W, E)
     if start is None:
         use_node = use.reshape(L, N, G, E).sum(axis=2).transpose(1, 0, 2)  # [N, L, E]
         p2l = initial_placement(use_node, P, G)
@@ -384,10 +441,12 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
         t_model = time.perf_counter() + left * (1.0 - exact_share)
         co = coactivation_by_home(h, ids[sample, layer, :], W, E) * scale
         off = None if offset is None else offset[layer]
-        model = _LayerSearch(p2l[layer], S, G, use[layer], cap, penalty, co=co, offset=off)
+        fu = None if fuse is None else fuse[layer]
+        model = _LayerSearch(p2l[layer], S, G, use[layer], cap, penalty, co=co, offset=off, fold_use=fu,
+                             robust=robust)
         moves[0] += model.run(rng, t_model)
         exact = _LayerSearch(model.p2l, S, G, use[layer], cap, penalty, home=h, ids=ids[sample, layer, :],
-                             scale=scale, offset=off)
+                             scale=scale, offset=off, fold_use=fu, robust=robust)
         moves[1] += exact.run(rng, time.perf_counter() + left * exact_share)
         out[layer] = exact.p2l
     return out, {"model_moves": moves[0], "exact_moves": moves[1]}
@@ -434,7 +493,8 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
 def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_floor: float = DEFAULT_BALANCE_FLOOR,
                seed: int = 0, iters: int = 3, round_size: int = DEFAULT_ROUND, sample_tokens: int = 16384,
                time_budget: float = 45.0, max_fit_requests: int = 4096, balance_rounds: int = 2,
-               max_rows: int = 1 << 18, max_check_requests: int = 2048, **_: object) -> StrategyResult:
+               max_rows: int = 1 << 18, max_check_requests: int = 2048, folds: int = 64, robust: float = 0.3,
+               penalty: float = PENALTY, **_: object) -> StrategyResult:
     """Registry adapter for the joint strategy (see the module docstring).
 
     balance_floor: required balancedness (mean/max GPU load per layer, averaged) on the planning window.
@@ -446,6 +506,14 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     if not 0.0 < balance_floor <= 1.0:
         raise ValueError(f"balance_floor must be in (0, 1], got {balance_floor}")
     t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    t_last = [t_start]
+
+    def tick(name: str) -> None:  # seconds per phase, for extra["timings"]
+        now = time.perf_counter()
+        timings[name] = timings.get(name, 0.0) + now - t_last[0]
+        t_last[0] = now
+
     P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
     rng = np.random.default_rng(seed)
@@ -464,9 +532,12 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     tok_req, ids = in_learn[tok_req_all[rows]], ids_all[rows]
     Rl = len(learn)
     sample = _sample_rows(len(tok_req), sample_tokens, rng)
+    n_folds = min(folds, Rl, max(8, MAX_FOLD_CELLS // (W * E)))  # bounds the fold loads' memory on wide models
+    fold = request_folds(Rl, n_folds, rng) if n_folds > 1 and robust > 0 else None
     cent, _ = kmeans(feats, N, seed=seed)
     grouper = Grouper(cent, G, round_size, kind="centroids", layers=flayers)
     homes = grouper.assign_features(feats)
+    tick("setup")
     best = None
     history = []
     per_iter = time_budget / max(iters + balance_rounds, 1)
@@ -474,7 +545,9 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     floor = min(1.0, balance_floor + 0.01)
     for it in range(iters):
         deadline = time.perf_counter() + per_iter
-        p2l, stats = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline)
+        p2l, stats = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline, fold=fold,
+                                       penalty=penalty, robust=robust)
+        tick("search")
         obj = window_objective(p2l, homes, tok_req[sample], ids[sample], S, G, W, E)
         history.append({"iter": it, "sample_inter_node_sends": obj, **stats})
         if best is None or obj < best[0]:
@@ -486,6 +559,7 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         labels = balanced_assign(-cost, np.full(N, -(-Rl // N)))
         grouper = fit_grouper(feats, labels, N, G, round_size, flayers)
         homes = grouper.assign_features(feats)
+        tick("rehome")
     obj, p2l, homes, grouper = best
     # balance as the simulator measures it (least-loaded replica rule) on the planning window; correct and re-search
     balance = []
@@ -495,6 +569,7 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     for _ in range(balance_rounds):
         sim_load = simulated_load(work, p2l, check_homes, cluster, check)
         balance.append(balancedness(sim_load))
+        tick("check")
         if balance[-1] >= floor:
             break
         # offset = (simulated - static-model) load shares, in the search's units (all learning rows)
@@ -507,9 +582,12 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         floor = min(1.0, floor + 0.01)
         deadline = time.perf_counter() + per_iter
         p2l, _ = place_given_homes(homes, tok_req, ids, sample, P, cluster, floor, rng, deadline, start=p2l,
-                                   offset=share * total)
+                                   offset=share * total, fold=fold, penalty=penalty,
+                                   robust=robust)
+        tick("search")
     else:
         balance.append(balancedness(simulated_load(work, p2l, check_homes, cluster, check)))
+        tick("check")
     fallback = None
     if balance[-1] < balance_floor:
         # the floor is a hard constraint: fall back to EPLB's placement (balance from load alone) with these homes
@@ -520,8 +598,10 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         if b > balance[-1]:
             p2l, fallback = cand, f"joint reached {balance[-1]:.4f} < floor {balance_floor}; used EPLB's placement"
             balance.append(b)
+        tick("check")
     all_homes = homes if len(learn) == Rq else assign_all(grouper, work)
+    tick("homes")
     extra = {"planning_balancedness": balance, "fallback": fallback,
              "balance_floor": balance_floor, "seed": seed, "iters": iters, "sample_tokens": int(len(sample)),
-             "history": history, "seconds": time.perf_counter() - t_start}
+             "history": history, "timings": timings, "seconds": time.perf_counter() - t_start}
     return StrategyResult(p2l, all_homes, grouper, extra)
