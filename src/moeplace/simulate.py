@@ -391,7 +391,7 @@ def _mb_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads
             _counts_and_clear(TH, node, G, none, cth[b, layer], col, own)
     return -1
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool): a forked child makes its own
 
 
 def _threads() -> int:
@@ -410,9 +410,9 @@ def _by_layers(kernel, L: int, *args) -> list:
     if n <= 1:
         return [kernel(*args, 0, L)]
     cuts = [L * i // n for i in range(n + 1)]
-    if _POOL is None or _POOL._max_workers < n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="moeplace-sim")
-    futs = [_POOL.submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(n)]
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
+        _POOL = (os.getpid(), n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="moeplace-sim"))
+    futs = [_POOL[2].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(n)]
     return [f.result() for f in futs]
 
 def _kernel_route(tab: RouteTables, rule: str) -> np.ndarray:
