@@ -2,7 +2,7 @@
 
 Usage:
   python bench/plan_compare.py [--trace gpt-oss.trace] [--clusters 4x2,8x1,2x4] [--redundant 8]
-                               [--out bench/results/plan_compare]
+                               [--strategies a,b] [--param KEY=VALUE ...] [--out bench/results/plan_compare]
 
 Without --trace it imports ../shared/data/gpt-oss-20b (528 generations, decode only) into out/cache/ first.
 gpt-oss has no prefill, so each request's first 32 decode tokens stand for its prompt: they are the grouping
@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     ap.add_argument("--balance-floor", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--param", action="append", default=[],
+                    help="KEY=VALUE strategy parameter (a JSON number), e.g. robust=0 for joint; repeatable")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "plan_compare"))
     args = ap.parse_args()
 
@@ -56,14 +58,17 @@ def main() -> int:
     trace_path = ensure_trace(args.trace)
     t = read_trace(trace_path)
     names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
+    params = {k: json.loads(v) for k, v in (p.split("=", 1) for p in args.param)}  # 64 -> int, 0.3 -> float
     results = {}
     md = [f"# Planner comparison on {t.meta.model} ({'synthetic' if t.meta.synthetic else 'real'} routing)", "",
           f"Command: `python bench/plan_compare.py --clusters {args.clusters} --redundant {args.redundant}"
-          f" --balance-floor {args.balance_floor} --seed {args.seed}`", ""]
+          f" --balance-floor {args.balance_floor} --seed {args.seed}"
+          + (f" --strategies {args.strategies}" if args.strategies else "")
+          + "".join(f" --param {p}" for p in args.param) + "`", ""]
     for spec in args.clusters.split(","):
         t0 = time.perf_counter()
         res = compare(t, Cluster.parse(spec), args.redundant, names, balance_floor=args.balance_floor,
-                      seed=args.seed, progress=lambda m, s=spec: print(f"[{s}] {m}", flush=True))
+                      seed=args.seed, params=params, progress=lambda m, s=spec: print(f"[{s}] {m}", flush=True))
         res["wall_seconds"] = time.perf_counter() - t0
         results[spec] = res
         md += [f"## {spec} (R={args.redundant}): planned on {res['planning_requests']} requests, scored on "

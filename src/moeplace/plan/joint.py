@@ -20,7 +20,9 @@ Alternation (``iters`` rounds, the best round kept):
    node), the redundant slots to the experts each node uses most among those it lacks (a replica on the node
    cuts that node's traffic and splits the expert's load), node slots packed onto GPUs by load; then a local
    search over slot swaps and replica re-targeting that accepts a move when it lowers
-   ``sends + penalty * overflow`` (overflow = load above the cap), measured exactly on the sample.
+   ``sends + penalty * overflow`` (overflow = load above the cap), measured exactly on the sample. The cap
+   applies to each GPU's load plus ``robust * sqrt(F) * std`` of its load over F random request folds (how much
+   the load moves on another window of requests), so the balance holds on unseen request mixes too.
 3. The final plan is replayed by the simulator on the planning window (its default least-loaded replica rule);
    if balancedness falls below the floor, the search reruns with the simulator's per-GPU load correction and a
    tighter cap; if it still misses the floor, EPLB's placement (with the same homes) is used when it balances
