@@ -27,8 +27,9 @@ def _f(v, fmt: str = "{:.3f}") -> str:
     return "n/a" if v is None else fmt.format(v)
 
 
-def print_summary(res: dict, out=sys.stdout) -> None:
+def print_summary(res: dict, out=None) -> None:
     """The short summary table printed by ``moeplace analyze``."""
+    out = sys.stdout if out is None else out  # resolved per call: sys.stdout may be swapped
     m = res["meta"]
     tag = "  [SYNTHETIC]" if m["synthetic"] else ""
     nt = m["num_tokens"]
