@@ -40,3 +40,27 @@ def test_demo_bad_flag_is_a_clear_error(tmp_path, capsys):
     rc = main(["demo", "--out", str(tmp_path), "--cluster", "four", "--quiet"])
     assert rc == 2
     assert "expected NODESxGPUS" in capsys.readouterr().err
+
+
+def test_every_command_help_has_an_example(capsys):
+    import argparse
+
+    import pytest
+
+    from moeplace.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]):
+        yield path, parser
+        for act in parser._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for name, sub in act.choices.items():
+                    yield from walk(sub, path + [name])
+
+    seen = 0
+    for path, _parser in walk(build_parser(), []):
+        with pytest.raises(SystemExit):
+            main(path + ["--help"])
+        text = capsys.readouterr().out
+        assert "example" in text.lower(), f"'moeplace {' '.join(path)} --help' shows no example"
+        seen += 1
+    assert seen >= 15

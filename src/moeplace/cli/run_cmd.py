@@ -209,7 +209,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("cluster", help="emulated nodes: network namespaces with shaped links",
                        description="Build or remove an emulated cluster: one Linux network namespace per node, "
-                                   "joined by veth pairs to a bridge, inter-node links shaped with tc.")
+                                   "joined by veth pairs to a bridge, inter-node links shaped with tc.",
+                       epilog="examples:\n  moeplace cluster up --nodes 2 --gpus-per-node 2 --inter-gbit 1\n"
+                              "  moeplace cluster down",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     csub = c.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND")
     c.set_defaults(func=lambda a: (c.print_help(), 2)[1])
     up = csub.add_parser("up", help="build (or keep) an emulated cluster",
@@ -222,6 +225,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--name", default="moeplace", help="namespace prefix (default moeplace)")
     up.add_argument("--strict", action="store_true", help="fail instead of falling back to plain loopback")
     up.set_defaults(func=cmd_cluster_up)
-    down = csub.add_parser("down", help="remove an emulated cluster (idempotent)")
+    down = csub.add_parser(
+        "down", help="remove an emulated cluster (idempotent)",
+        description="Remove the network namespaces, veth pairs and bridge of an emulated cluster. Removing a "
+                    "cluster that does not exist is not an error.",
+        epilog="example:\n  moeplace cluster down --name moeplace",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     down.add_argument("--name", default="moeplace", help="namespace prefix (default moeplace)")
     down.set_defaults(func=cmd_cluster_down)

@@ -39,7 +39,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="inspect, record and import routing traces",
-                       description="Inspect, record and import routing traces (see docs/TRACE_FORMAT.md).")
+                       description="Inspect, record and import routing traces (see docs/TRACE_FORMAT.md).",
+                       epilog="examples:\n  moeplace trace info demo.trace --json\n"
+                              "  moeplace trace record --model reference --prompts builtin --max-new-tokens 32 "
+                              "ref.trace\n"
+                              "  moeplace trace import --format gpt-oss-npz ../shared/data/gpt-oss-20b gptoss.trace",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
