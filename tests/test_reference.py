@@ -143,6 +143,32 @@ def test_heldout_prompts_come_from_heldout_documents():
         assert r["doc_id"] in set(C.expand_ids(d["heldout_ids"]))
 
 
+def test_heldout_prompt_text_is_not_in_the_training_text():
+    """Rebuild the corpus from the installed packages: no chat, general or math prompt occurs verbatim in its
+    domain's training documents (duplicates are dropped and chat is grouped by opening turn before the split).
+    Code may share a few boilerplate lines across standard library files; at most 1% of its prompts do."""
+    cfg = preset("default")
+    corpus = C.build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed)
+    rows = builtin_prompts()
+    for dom in C.DOMAINS:
+        blob = "\x00".join(d.text for d in corpus.train[dom])
+        found = sum(r["prompt"] in blob for r in rows if r["domain"] == dom)
+        assert found <= (cfg.prompts_per_domain // 100 if dom == "code" else 0), (dom, found)
+        held = {d.doc_id for d in corpus.heldout[dom]}
+        assert all(r["doc_id"] in held for r in rows if r["domain"] == dom)
+
+
+def test_duplicates_are_dropped_and_chat_grouped_by_opening_turn(tmp_path):
+    (tmp_path / "a.yml").write_text(
+        "conversations:\n- [Hi there, Hello]\n- [Hi there, Hello]\n- [hi  there, Hey you]\n- [How are you?, Fine]\n")
+    docs, src = C.load_chat_documents(tmp_path)
+    assert [d.doc_id for d in docs] == ["chat:a/0", "chat:a/3"]
+    assert docs[0].text == "User: Hi there\nBot: Hello\n\nUser: hi there\nBot: Hey you"
+    assert "1 exact duplicates dropped" in src.notes
+    kept, dropped = C.drop_duplicates([C.Document("x:1", "x", "a"), C.Document("x:2", "x", "a")])
+    assert [d.doc_id for d in kept] == ["x:1"] and dropped == 1
+
+
 def test_split_is_independent_of_document_order_and_caps():
     docs = [C.Document(f"math:{i}", "math", "x") for i in range(500)]
     tr, he = C.split_documents(docs, 0.2)

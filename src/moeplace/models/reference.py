@@ -45,7 +45,7 @@ class ReferenceConfig:
     # --- training
     steps: int = 1000  # optimizer steps
     seq_len: int = 256  # tokens per training sequence
-    batch_mix: tuple[tuple[str, int], ...] = (("code", 4), ("chat", 2), ("general", 4), ("math", 2))  # seqs/batch
+    batch_mix: tuple[tuple[str, int], ...] = (("code", 4), ("chat", 1), ("general", 5), ("math", 2))  # seqs/batch
     lr: float = 2e-3  # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
     warmup_steps: int = 40  # linear warmup
@@ -60,7 +60,7 @@ class ReferenceConfig:
     data_seed: int = 0  # seeds the math generator and the prompt cuts (the split itself is seed-free)
     math_problems: int = 40000  # generated math problems (before the split)
     heldout_fraction: tuple[tuple[str, float], ...] = (
-        ("code", 0.45), ("chat", 0.14), ("general", 0.10), ("math", 0.01))  # documents held out per domain
+        ("code", 0.45), ("chat", 0.36), ("general", 0.10), ("math", 0.01))  # documents held out per domain
     max_train_docs: int | None = None  # keep only this many training documents per domain (tests)
     tokenizer_bytes: int = 2_000_000  # training text per domain the tokenizer learns from
     prompts_per_domain: int = 250  # held-out prompts written per domain
