@@ -265,3 +265,41 @@ def test_structure_script_on_a_trace_with_known_answers(tmp_path):
     assert s["domain"]["jsd_bits_mean"] == pytest.approx(1.0)
     assert s["prefill_decode"]["pearson_mean"] == pytest.approx(1.0)
     assert "| majority baseline | 0.250 |" in mod.markdown(s)
+
+
+def test_trace_record_on_the_reference_model_tags_every_request(tmp_path):
+    """`moeplace trace record --model reference` gives prefill and decode rows for every request, domain tagged."""
+    import json
+
+    import numpy as np
+
+    from moeplace.cli import main
+    from moeplace.trace import PREFILL, read_trace
+
+    rows = builtin_prompts()
+    picked = [next(r for r in rows if r["domain"] == d) for d in sorted(C.DOMAINS)] * 2
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": r["prompt"], "domain": r["domain"]}) + "\n" for r in picked))
+    out = tmp_path / "rec.trace"
+    assert main(["trace", "record", "--model", "reference", "--prompts", str(prompts), "--max-new-tokens", "4",
+                 "--batch-size", "4", str(out)]) == 0
+    tr = read_trace(out)
+    assert len(tr.requests) == len(picked)
+    assert sorted(tr.requests.domain.tolist()) == sorted(r["domain"] for r in picked)
+    for rid, dom, plen in zip(tr.requests.request_id, tr.requests.domain, tr.requests.prompt_len, strict=True):
+        mine = tr.tokens.request_id == rid
+        pre = mine & (tr.tokens.phase == PREFILL)
+        assert pre.sum() == plen > 0, f"request {rid} ({dom})"
+        assert (mine & ~pre).sum() >= 1, f"request {rid} ({dom}) has no decode rows"
+        np.testing.assert_array_equal(np.sort(tr.tokens.position[pre]), np.arange(plen))
+
+
+def test_trace_record_bad_prompt_file_is_a_clear_error(tmp_path, capsys):
+    from moeplace.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "def f():", "domain": "code"}\n{"domain": "math"}\n')
+    assert main(["trace", "record", "--model", "reference", "--prompts", str(bad), "--max-new-tokens", "2",
+                 str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2" in err and "prompt" in err
