@@ -228,6 +228,18 @@ def _fig_coactivation(res: dict) -> str:
                    "co-activation heatmap")
 
 
+def _share_panel(ax, values, random_level: float, color: str, xlabel: str, title: str) -> None:
+    """One per-layer share curve (0..1) with its random-routing level as a dashed line."""
+    ax.plot(_arr(values), marker="o", ms=3, color=color)
+    ax.axhline(random_level, color="#999", ls="--", lw=0.8, label="random")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(xlabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def _fig_locality(res: dict) -> str:
     tm, il, dr = res["temporal"], res["interlayer"], res["drift"]
     panels = [p for p in (tm["decode_overlap"] is not None, il["follow_share"] is not None,
@@ -237,25 +249,11 @@ def _fig_locality(res: dict) -> str:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.4), squeeze=False)
     axes = list(axes[0])
     if tm["decode_overlap"] is not None:
-        ax = axes.pop(0)
-        ax.plot(_arr(tm["decode_overlap"]), marker="o", ms=3, color="#2b8a3e")
-        ax.axhline(tm["random_overlap"], color="#999", ls="--", lw=0.8, label="random")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("MoE layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title("Decode: experts shared with previous token", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        _share_panel(axes.pop(0), tm["decode_overlap"], tm["random_overlap"], "#2b8a3e", "MoE layer",
+                     "Decode: experts shared with previous token")
     if il["follow_share"] is not None:
-        ax = axes.pop(0)
-        ax.plot(_arr(il["follow_share"]), marker="o", ms=3, color="#5f3dc4")
-        ax.axhline(il["follow_share_random"], color="#999", ls="--", lw=0.8, label="random")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("layer l (pair l -> l+1)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title("Inter-layer: share to top-k successors", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        _share_panel(axes.pop(0), il["follow_share"], il["follow_share_random"], "#5f3dc4",
+                     "layer l (pair l -> l+1)", "Inter-layer: share to top-k successors")
     if dr["js_series"] is not None:
         ax = axes.pop(0)
         ax.plot(_arr(dr["js_series"]), marker=".", color="#c92a2a", label="window vs next")
