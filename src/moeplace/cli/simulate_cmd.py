@@ -37,6 +37,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulated {args.trace}{tag} on {res.cluster.spec()} ({j['plan_strategy']}, rule {res.rule})")
     for ph in ("prefill", "decode"):
         p = j[ph]
+        if not p["num_tokens"]:
+            print(f"  {ph:8s} tokens {0:>10,}  (none in this trace: no {ph} metrics)")
+            continue
         print(f"  {ph:8s} tokens {p['num_tokens']:>10,}  micro-batches {p['num_microbatches']:>7,}  "
               f"inter-node {p['inter_node_bytes']['total'] / 1e9:10.4f} GB  "
               f"(two-hop {p['two_hop_inter_node_bytes']['total'] / 1e9:.4f})  "
