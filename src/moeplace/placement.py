@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.io import atomic_write_json
+
 PLAN_FORMAT_VERSION = 1
 
 
@@ -282,10 +284,7 @@ class Plan:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan JSON atomically."""
         p = Path(path)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json()) + "\n")
-        os.replace(tmp, p)
-        return p
+        return atomic_write_json(self.to_json(), p, indent=None)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:

@@ -20,7 +20,6 @@ they agree exactly. :func:`assign_slots` and the kernel share the least-loaded c
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from numba import njit
 
+from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.trace.store import (
     DECODE,
@@ -888,11 +888,7 @@ class SimResult:
         return {**head, **allp, "prefill": self.prefill.to_json(), "decode": self.decode.to_json()}
 
     def save_json(self, path: str | os.PathLike) -> Path:
-        p = Path(path)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        os.replace(tmp, p)
-        return p
+        return atomic_write_json(self.to_json(), path)
 
 
 # --------------------------------------------------------------------------------------------------- accumulation

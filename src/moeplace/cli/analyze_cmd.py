@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from moeplace.analyse.summary import (
     DEFAULT_WINDOW_TOKENS,
     analyse_trace,
 )
+from moeplace.io import atomic_write_json
 
 EXAMPLE = """example:
   moeplace analyze demo.trace --json out/analysis.json --html out/analysis.html --layer 12
@@ -73,7 +73,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         p = Path(args.json)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(res, indent=1, allow_nan=False) + "\n")
+        atomic_write_json(res, p, allow_nan=False)
     if args.html:
         from moeplace.report import write_report
 

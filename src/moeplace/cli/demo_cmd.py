@@ -7,12 +7,12 @@ best locality plan and export it for SGLang and vLLM. Each stage is the same lib
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from moeplace.cli.trace_cmd import cmd_info
 from moeplace.data import default_trace_path
+from moeplace.io import atomic_write_json
 
 
 def _stage(n: int, title: str) -> float:
@@ -45,7 +45,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t0 = _stage(2, "analyse: load imbalance, domains, prefill->decode, co-activation")
     res = analyse_trace(trace, progress=not args.quiet)
-    (out / "analysis.json").write_text(json.dumps(res, indent=1, allow_nan=False) + "\n")
+    atomic_write_json(res, out / "analysis.json", allow_nan=False)
     write_report(res, out / "report.html")
     print_summary(res)
     print(f"  ({time.perf_counter() - t0:.1f} s) wrote {out / 'analysis.json'} and {out / 'report.html'}")
@@ -59,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"  {msg} ...", flush=True)
 
     cmp = compare(tr, cluster, args.redundant, names, holdout=args.holdout, seed=args.seed, progress=say)
-    (out / "compare.json").write_text(json.dumps(cmp, indent=1) + "\n")
+    atomic_write_json(cmp, out / "compare.json")
     print(f"  planned on {cmp['planning_requests']} requests, scored on {cmp['held_out_requests']} held-out "
           f"requests ({cmp['scored_tokens']} decode tokens)")
     print(format_table(cmp))

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.cli import CliError
+from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan, workload_from_tokens
 from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
@@ -180,7 +181,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
           f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens)")
     print(format_table(res))
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write_json(res, args.json)
         print(f"wrote {args.json}")
     return 0
 

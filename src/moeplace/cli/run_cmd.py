@@ -6,20 +6,17 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
+
+from moeplace.io import atomic_write_json
 
 FAIL_RANK_ENV = "MOEPLACE_RUN_FAIL_RANK"  # test hook: that rank exits right after joining the group
 
 
 def _emit(obj: dict, out: str | None) -> None:
-    text = json.dumps(obj, indent=1)
     if out:
-        p = Path(out)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, p)
+        atomic_write_json(obj, out)
     else:
-        print(text)
+        print(json.dumps(obj, indent=1))
 
 
 def prepare_run(args: argparse.Namespace):

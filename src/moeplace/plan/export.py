@@ -18,11 +18,11 @@ written here holds those three arrays plus ``num_redundant_experts`` and ``ep_si
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.io import atomic_write_json
 from moeplace.placement import Placement, Plan
 
 FORMATS = ("sglang", "vllm")
@@ -105,6 +105,4 @@ def export_plan(plan: Plan, fmt: str, out: str | Path, moe_layer_map: list[int] 
         obj = to_vllm(plan.placement)
     else:
         raise ValueError(f"export format {fmt!r}: expected one of {FORMATS}")
-    p = Path(out)
-    p.write_text(json.dumps(obj) + "\n")
-    return p
+    return atomic_write_json(obj, out, indent=None)

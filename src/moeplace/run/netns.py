@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from moeplace.io import atomic_write_json
+
 SUBNET_PREFIX = "10.77.0."  # addresses inside our namespaces only
 NODE_IFNAME = "mp0"  # the veth end inside each node namespace (GLOO_SOCKET_IFNAME)
 MAX_NODES = 250
@@ -218,9 +220,7 @@ def cluster_up(num_nodes: int, gpus_per_node: int, inter_gbit: float | None = No
                     if num_nodes > 1 else "one node: no inter-node link to delay")
         c = EmulatedCluster(name, num_nodes, gpus_per_node, inter_gbit, inter_delay_ms, applied, "netns", note)
         STATE_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = _state_file(name).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(c)) + "\n")
-        os.replace(tmp, _state_file(name))
+        atomic_write_json(asdict(c), _state_file(name), indent=None)
         return c
     except BaseException:
         cluster_down(name)  # never leave half a cluster behind

@@ -37,6 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.io import atomic_write_json
+
 FORMAT_VERSION = 1
 PHASES = ("prefill", "decode")
 PREFILL, DECODE = 0, 1
@@ -279,21 +281,6 @@ def _atomic_write_table(table: pa.Table, dest: Path) -> None:
         raise
 
 
-def _atomic_write_json(obj: dict, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _fixed_list(flat: np.ndarray, size: int, pa_type: pa.DataType) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(flat).ravel(), type=pa_type), size)
 
@@ -345,7 +332,7 @@ class TraceWriter:
         self._req_seen = 0
         self.num_tokens = 0
         self._closed = False
-        _atomic_write_json(self.meta.to_json(), self.path / META_FILE)
+        atomic_write_json(self.meta.to_json(), self.path / META_FILE, indent=2)
 
     # -- context manager
     def __enter__(self) -> TraceWriter:
@@ -483,7 +470,7 @@ class TraceWriter:
             return
         self.flush()
         self.meta.complete = True
-        _atomic_write_json(self.meta.to_json(), self.path / META_FILE)
+        atomic_write_json(self.meta.to_json(), self.path / META_FILE, indent=2)
         self._closed = True
         if self._swap:
             backup = self.final_path.with_name(f".{self.final_path.name}.old-{os.getpid()}")
