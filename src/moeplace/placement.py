@@ -195,12 +195,6 @@ class Placement:
         row = np.arange(P) % num_experts
         return cls(np.tile(row, (num_layers, 1)), num_experts, num_gpus)
 
-    @classmethod
-    def from_phy2log(cls, phy2log, num_experts: int | None = None, num_gpus: int = 1, **kw) -> Placement:
-        p2l = np.asarray(phy2log)
-        E = int(p2l.max()) + 1 if num_experts is None else num_experts
-        return cls(p2l, E, num_gpus, **kw)
-
 
 @dataclass
 class Plan:

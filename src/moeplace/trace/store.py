@@ -329,7 +329,6 @@ class TraceWriter:
         self._req: list[pa.Table] = []
         self._data: list[pa.Table] = []
         self._rows = 0
-        self._req_seen = 0
         self.num_tokens = 0
         self._closed = False
         atomic_write_json(self.meta.to_json(), self.path / META_FILE, indent=2)
@@ -369,7 +368,6 @@ class TraceWriter:
                 schema=_requests_schema(),
             )
         )
-        self._req_seen += n
 
     def add_tokens(
         self,
