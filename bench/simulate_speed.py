@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.placement import Cluster, Placement, Plan
-from moeplace.simulate import RULES, BatchConfig, _threads, simulate, simulate_reference
+from moeplace.simulate import RULES, BatchConfig, simulate
 from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
 
 SHAPES = {  # name -> (L, E, K, cluster, redundant, hidden)

@@ -24,6 +24,33 @@ from moeplace.io import atomic_write_json
 PLAN_FORMAT_VERSION = 1
 
 
+def replica_counts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 [L, E]: slots holding each expert. phy2log: int [L, P] (ids assumed in [0, E))."""
+    p2l = np.atleast_2d(np.asarray(phy2log, np.int64))
+    L, P = p2l.shape
+    flat = (np.arange(L)[:, None] * num_experts + p2l).ravel()
+    return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
+
+
+def log2phy_table(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 [L, E, M]: the slots of each expert in increasing order, padded with -1 (M = max replicas).
+
+    phy2log: int [L, P]. The one construction of ``log2phy`` (EPLB's and SGLang's convention); the simulator's
+    replica candidates are this table.
+    """
+    p2l = np.atleast_2d(np.asarray(phy2log, np.int64))
+    L, P = p2l.shape
+    cnt = replica_counts(p2l, num_experts)
+    M = max(int(cnt.max()), 1) if cnt.size else 1
+    order = np.argsort(p2l, axis=1, kind="stable")  # slots grouped by expert, ascending within
+    srt = np.take_along_axis(p2l, order, 1)
+    start = np.cumsum(cnt, 1) - cnt
+    rank = np.arange(P)[None, :] - np.take_along_axis(start, srt, 1)
+    out = np.full((L, num_experts, M), -1, np.int64)
+    out[np.arange(L)[:, None], srt, rank] = order
+    return out
+
+
 @dataclass(frozen=True)
 class Cluster:
     """An expert-parallel cluster of ``num_nodes`` x ``gpus_per_node`` GPUs and its links (alpha-beta model)."""
@@ -152,28 +179,12 @@ class Placement:
     @property
     def replica_count(self) -> np.ndarray:
         """int [L, E]: slots holding each expert."""
-        L = self.phy2log.shape[0]
-        E = int(self.num_experts)
-        out = np.zeros((L, E), np.int64)
-        for layer in range(L):
-            out[layer] = np.bincount(self.phy2log[layer], minlength=E)[:E]
-        return out
+        return replica_counts(self.phy2log, int(self.num_experts))
 
     @property
     def log2phy(self) -> np.ndarray:
         """int [L, E, M]: slots of each expert in increasing order, padded with -1 (M = max replicas)."""
-        L, P = self.phy2log.shape
-        E = int(self.num_experts)
-        cnt = self.replica_count
-        M = int(cnt.max()) if cnt.size else 1
-        out = np.full((L, E, M), -1, np.int64)
-        for layer in range(L):
-            order = np.argsort(self.phy2log[layer], kind="stable")  # slots grouped by expert, ascending
-            experts = self.phy2log[layer][order]
-            start = np.concatenate([[0], np.cumsum(cnt[layer])[:-1]])
-            rank = np.arange(P) - start[experts]
-            out[layer, experts, rank] = order
-        return out
+        return log2phy_table(self.phy2log, int(self.num_experts))
 
     def expert_gpu_mask(self) -> np.ndarray:
         """bool [L, E, W]: whether GPU w holds a replica of expert e in layer l."""

@@ -27,9 +27,10 @@ from moeplace.simulate import (
     BatchConfig,
     CostConfig,
     SimResult,
-    _build_layout,  # the simulator's own micro-batch layout, so the window is exactly its micro-batches
-    _rows_of,
+    build_layout,  # the simulator's own micro-batch layout, so the window is exactly its micro-batches
+    link_counts,
     microbatch_ids,
+    rows_of,
     simulate,
 )
 from moeplace.simulate import assign_slots as sim_assign_slots
@@ -126,8 +127,8 @@ def select_window(trace: Trace, plan: Plan, batching: BatchConfig, phase: str = 
     if trace.tokens is None:
         raise ValueError("run-ep needs a per-token trace, but this trace is counts-only")
     tk = trace.tokens
-    lay = _build_layout(trace, trace.requests, plan.home_of(trace.requests.request_id), batching)
-    mb = microbatch_ids(lay, _rows_of(lay, tk.request_id), tk.position, tk.phase)
+    lay = build_layout(trace, trace.requests, plan.home_of(trace.requests.request_id), batching)
+    mb = microbatch_ids(lay, rows_of(lay, tk.request_id), tk.position, tk.phase)
     ph = PHASES.index(phase)
     ids = lay.mb_ids[ph]
     if len(ids) <= skip:
@@ -271,12 +272,8 @@ class ReplayResult:
 
     def link_bytes(self, m: np.ndarray) -> dict[str, np.ndarray]:
         """Byte matrices [..., W, W] summed per link class -> {"intra_gpu", "intra_node", "inter_node"}: [...]."""
-        W = m.shape[-1]
-        node = np.arange(W) // self.gpus_per_node
-        eye = np.eye(W, dtype=bool)
-        inter = node[:, None] != node[None, :]
-        return {"intra_gpu": (m * eye).sum((-2, -1)), "intra_node": (m * (~inter & ~eye)).sum((-2, -1)),
-                "inter_node": (m * inter).sum((-2, -1))}
+        c = link_counts(m, self.gpus_per_node)  # the simulator's own link-class split
+        return {"intra_gpu": c[..., 0], "intra_node": c[..., 1], "inter_node": c[..., 2]}
 
 
 def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, **launch_kw) -> ReplayResult:

@@ -658,6 +658,30 @@ def iter_token_chunks(
             raise TraceError(f"{f}: truncated or corrupt Parquet file ({e})") from None
 
 
+def iter_light_columns(path: str | os.PathLike, chunk_tokens: int = 1 << 20
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Stream ``(request_id int64 [n], position [n], phase [n])`` of every token row, without the routing columns.
+
+    The same checks as :func:`iter_token_chunks` (schema per shard, corrupt files named); for the simulator's
+    first pass, which needs only where each token sits.
+    """
+    p = _trace_dir(path)
+    meta = read_meta(p)
+    _require_tokens(meta, p, "reading token rows")
+    schema = _tokens_schema(meta)
+    cols = ["request_id", "position", "phase"]
+    for f in shard_files(p, meta):
+        pf = _open_parquet(f)
+        _check_schema(f, pf.schema_arrow, schema)
+        try:
+            for b in pf.iter_batches(batch_size=chunk_tokens, columns=cols):
+                ph = b.column("phase").to_numpy()
+                _check_phase(ph, str(f))
+                yield b.column("request_id").to_numpy().astype(np.int64), b.column("position").to_numpy(), ph
+        except (pa.ArrowException, OSError) as e:
+            raise TraceError(f"{f}: truncated or corrupt Parquet file ({e})") from None
+
+
 def _concat_chunks(chunks: list[TokenChunk], meta: TraceMeta) -> TokenChunk:
     if not chunks:
         L, K = meta.num_layers, meta.top_k

@@ -1,0 +1,137 @@
+"""How requests become micro-batches: the public layout that the simulator and the runtime share.
+
+Shape legend: T = tokens, R = requests, B = micro-batches.
+
+Arrival order is the request table's order: prefill prompts are laid end to end in that order and cut every
+``prefill_tokens``; decode windows hold ``decode_batch`` consecutive requests, and decode micro-batch ``(w, i)`` is
+the i-th decode token of every request of window ``w``. A trace sorted by domain therefore puts one domain in each
+micro-batch; shuffle the request table (``moeplace.evaluate``) to state a mixed order. Micro-batch ids depend only on
+a token row and the request table, so streaming never splits a micro-batch incorrectly (docs/SIMULATOR.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeplace.trace.store import DECODE, PREFILL, Requests, Trace, iter_light_columns
+
+DECODE_WINDOW_SHIFT = 32  # decode micro-batch id = window << 32 | step
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How trace tokens form micro-batches (one forward pass each). See docs/SIMULATOR.md."""
+
+    decode_batch: int = 256  # requests per decode window: decode micro-batch = the i-th decode token of each
+    prefill_tokens: int = 8192  # prefill token budget: prompts laid end to end in request order, cut every budget
+
+    def __post_init__(self) -> None:
+        for name in ("decode_batch", "prefill_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"batching: {name} must be a positive integer, got {v!r}")
+
+
+
+
+@dataclass
+class Layout:
+    """Request-level facts fixed before the token pass, so micro-batch ids are exact under any chunking."""
+
+    req_sorted: np.ndarray  # int64 [R]: request ids, sorted
+    req_index: np.ndarray  # int64 [R]: table index of req_sorted[i]
+    home: np.ndarray  # int64 [R]: home GPU (table order)
+    prompt: np.ndarray  # int64 [R]: prompt length (table order; see docs/SIMULATOR.md)
+    prefill_start: np.ndarray  # int64 [R]: exclusive cumsum of prompt (prompts laid end to end)
+    decode_batch: int
+    prefill_tokens: int
+    mb_ids: dict = field(default_factory=dict)  # phase -> int64 [B] sorted micro-batch ids
+    mb_tokens: dict = field(default_factory=dict)  # phase -> int64 [B] tokens of each
+
+
+def rows_of(lay: Layout, rid: np.ndarray) -> np.ndarray:
+    """Table index of each token's request; unknown ids raise ValueError."""
+    rid = np.asarray(rid, np.int64)
+    i = np.searchsorted(lay.req_sorted, rid)
+    i = np.minimum(i, max(len(lay.req_sorted) - 1, 0))
+    bad = (lay.req_sorted[i] != rid) if len(lay.req_sorted) else np.ones(len(rid), bool)
+    if bad.any():
+        raise ValueError(f"token rows name request_id {int(rid[bad][0])} that is not in the request table")
+    return lay.req_index[i]
+
+
+def microbatch_ids(lay: Layout, r: np.ndarray, position: np.ndarray, phase: np.ndarray) -> np.ndarray:
+    """int64 [T] micro-batch id of each token (ids of the two phases are separate spaces).
+
+    Prefill: prompts laid end to end in request-table order, token (r, pos) at offset prefill_start[r] + pos,
+    micro-batch = offset // prefill_tokens. Decode: window w = r // decode_batch, step i = pos - prompt[r],
+    micro-batch = w << 32 | i (the i-th decode token of every request of the window).
+    """
+    pos = np.asarray(position, np.int64)
+    out = np.empty(len(r), np.int64)
+    pre = np.asarray(phase) == PREFILL
+    if pre.any():
+        rp, pp = r[pre], pos[pre]
+        badp = (pp < 0) | (pp >= lay.prompt[rp])
+        if badp.any():
+            j = np.flatnonzero(badp)[0]
+            raise ValueError(f"prefill token at position {int(pp[j])} lies outside its request's prompt "
+                             f"(prompt length {int(lay.prompt[rp[j]])}, request index {int(rp[j])})")
+        out[pre] = (lay.prefill_start[rp] + pp) // lay.prefill_tokens
+    dec = ~pre
+    if dec.any():
+        rd = r[dec]
+        step = pos[dec] - lay.prompt[rd]
+        if (step < 0).any():
+            j = np.flatnonzero(step < 0)[0]
+            raise ValueError(f"decode token at position {int(pos[dec][j])} lies inside its request's prompt "
+                             f"(prompt length {int(lay.prompt[rd[j]])})")
+        if (step >= 1 << DECODE_WINDOW_SHIFT).any():
+            raise ValueError("decode step beyond 2**32")
+        out[dec] = ((rd // lay.decode_batch) << DECODE_WINDOW_SHIFT) | step
+    return out
+
+
+def light_columns(source: Trace | str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(request_id int64 [n], position [n], phase [n]) of every token of an in-memory trace or a trace directory,
+    without the routing columns."""
+    if isinstance(source, Trace):
+        tk = source.tokens
+        yield np.asarray(tk.request_id, np.int64), np.asarray(tk.position), np.asarray(tk.phase)
+        return
+    yield from iter_light_columns(source)
+
+
+def build_layout(source: Trace | str, requests: Requests, home: np.ndarray, batching: BatchConfig) -> Layout:
+    """The micro-batch layout of a trace (first, light pass): homes int [R] in request-table order."""
+    R = len(requests)
+    order = np.argsort(requests.request_id, kind="stable")
+    prompt = np.asarray(requests.prompt_len, np.int64).copy()
+    lay = Layout(requests.request_id[order].astype(np.int64), order.astype(np.int64), np.asarray(home, np.int64),
+                  prompt, np.zeros(R, np.int64), batching.decode_batch, batching.prefill_tokens)
+    if (prompt <= 0).any():  # unknown prompt length: 1 + the largest prefill position seen
+        seen = np.zeros(R, np.int64)
+        for rid, pos, ph in light_columns(source):
+            pre = ph == PREFILL
+            np.maximum.at(seen, rows_of(lay, rid[pre]), pos[pre].astype(np.int64) + 1)
+        lay.prompt = np.where(prompt > 0, prompt, seen)
+    lay.prefill_start = np.cumsum(lay.prompt) - lay.prompt
+    ids: dict[int, list] = {PREFILL: [], DECODE: []}
+    for rid, pos, ph in light_columns(source):
+        mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
+        for p in (PREFILL, DECODE):
+            u, c = np.unique(mb[ph == p], return_counts=True)
+            ids[p].append((u, c))
+    for p in (PREFILL, DECODE):
+        if ids[p]:
+            u = np.concatenate([a for a, _ in ids[p]])
+            c = np.concatenate([b for _, b in ids[p]])
+            uu, inv = np.unique(u, return_inverse=True)
+            lay.mb_ids[p], lay.mb_tokens[p] = uu, np.bincount(inv, weights=c, minlength=len(uu)).astype(np.int64)
+        else:
+            lay.mb_ids[p], lay.mb_tokens[p] = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return lay
+

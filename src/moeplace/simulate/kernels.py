@@ -1,0 +1,318 @@
+"""Compiled loops of the simulator (numba): the work here is sequential by nature (the least-loaded replica rule
+depends on every earlier pair of the micro-batch), so it is a loop, compiled once per checkout.
+
+Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, P = physical slots, W = GPUs,
+M = max replicas of one expert (candidates), B = micro-batches, N_n = nodes, G = GPUs per node.
+
+These are the compiled *implementations*; :mod:`moeplace.simulate.routing` is the public definition that the
+simulator, the planner and the runtime call. ``cache=True`` keeps the compiled code in __pycache__ next to this
+file, so only the first run of a checkout pays the compile (about 7 s on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, inline="always")
+def first_visit(seen, i, stamp):
+    """1 the first time index ``i`` is met under ``stamp`` (one token-layer), else 0; marks it seen.
+
+    The one dedup rule of send counting: a token's hidden vector goes once per distinct destination GPU (per-GPU
+    dedup) and once per distinct remote node (two-hop), however many of its experts sit there.
+    """
+    new = seen[i] != stamp
+    seen[i] = stamp
+    return new
+
+
+@njit(cache=True, nogil=True)
+def tier_kernel(cand, cgpu, nog, ok, static, nbest):
+    """The nearest tier of every (layer, expert, home): ok [L, E, W, M] candidate is in it, nbest [L, E, W] its
+    size, static [L, E, W] its candidate number ``home % size`` (slot order). cand, cgpu: [L, E, M], -1 padded."""
+    L, E, M = cand.shape
+    W = nog.shape[0]
+    for layer in range(L):
+        for e in range(E):
+            for h in range(W):
+                best = 3
+                for m in range(M):
+                    if cand[layer, e, m] >= 0:
+                        g = cgpu[layer, e, m]
+                        best = min(best, 0 if g == h else (1 if nog[g] == nog[h] else 2))
+                n = 0
+                for m in range(M):
+                    if cand[layer, e, m] >= 0:
+                        g = cgpu[layer, e, m]
+                        if (0 if g == h else (1 if nog[g] == nog[h] else 2)) == best:
+                            ok[layer, e, h, m] = True
+                            n += 1
+                nbest[layer, e, h] = n
+                pick = h % n
+                for m in range(M):
+                    if ok[layer, e, h, m]:
+                        if pick == 0:
+                            static[layer, e, h] = cand[layer, e, m]
+                            break
+                        pick -= 1
+
+
+# Compiled kernels (numba). _mb_kernel routes complete micro-batches layer by layer (replica choice, per-GPU and
+# per-node dedup, load) and reduces each to its per-layer counts. ``cache=True`` keeps the compiled code in
+# __pycache__ next to this file, so only the first run of a checkout pays the compile (about 7 s on 2 busy cores).
+
+
+@njit(cache=True, nogil=True)
+def least_loaded(cand_gpu, cand_ok, layer, e, fi, load, base):
+    """Candidate index m of the nearest-tier replica whose GPU has the fewest pairs; ties -> lowest slot.
+
+    cand_gpu: [L, E, M]; cand_ok: bool [L*E*W, M]; fi = (layer*E + e)*W + home; load[base + g]: pairs so far on
+    GPU g. Shared by :func:`assign_slots` and the simulator, so both choose identically.
+    """
+    best = -1
+    low = 0
+    for m in range(cand_gpu.shape[2]):
+        if cand_ok[fi, m]:
+            v = load[base + cand_gpu[layer, e, m]]
+            if best < 0 or v < low:
+                best = m
+                low = v
+    return best
+
+
+@njit(cache=True, nogil=True)
+def assign_kernel(ex, home, route, static_slot, cand_slot, cand_gpu, cand_ok, slot_gpu, W, load):
+    """Slots [T, K] of one micro-batch in layer 0; route[fi] < 0 marks a least-loaded choice; updates load [W]."""
+    T, K = ex.shape
+    out = np.empty((T, K), np.int64)
+    for t in range(T):
+        h = home[t]
+        for k in range(K):
+            e = ex[t, k]
+            fi = e * W + h
+            if route[fi] < 0:
+                p = cand_slot[0, e, least_loaded(cand_gpu, cand_ok, 0, e, fi, load, 0)]
+            else:
+                p = static_slot[fi]
+            out[t, k] = p
+            load[slot_gpu[p]] += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
+def counts_and_clear(X, node, G, tot, out, col, own):
+    """Counts of one send matrix X [W, W] into out[0:6]: intra-GPU, intra-node and inter-node sends, the largest
+    off-diagonal entry, and the busiest GPU's max(sent, received) sends over intra-node and over inter-node links.
+    Adds X into tot [W, W] when tot has rows (else skips), and zeroes X. col, own: int64 [W] scratch.
+
+    Row h: sent = row sum, intra-node part = its own node's block; received by d: column sum, intra-node part =
+    the rows of d's node. The diagonal is taken out first, so the inner loops are plain sums (vectorisable).
+    """
+    W = X.shape[0]
+    add = tot.shape[0] > 0
+    col[:] = 0
+    own[:] = 0
+    diag = 0
+    mx = 0
+    bi = 0
+    be = 0
+    intra = 0
+    total = 0
+    for h in range(W):
+        row = X[h]
+        dg = np.int64(row[h])
+        row[h] = 0
+        diag += dg
+        rs = 0
+        m = 0
+        for d in range(W):
+            x = np.int64(row[d])
+            rs += x
+            m = max(m, x)
+            col[d] += x
+        if add:
+            trow = tot[h]
+            for d in range(W):
+                trow[d] += row[d]
+            trow[h] += dg
+        c0 = node[h] * G
+        os = 0
+        for d in range(c0, c0 + G):
+            x = np.int64(row[d])
+            os += x
+            own[d] += x
+        for d in range(W):
+            row[d] = 0
+        bi = max(bi, os)
+        be = max(be, rs - os)
+        intra += os
+        total += rs
+        mx = max(mx, m)
+    for d in range(W):
+        bi = max(bi, own[d])
+        be = max(be, col[d] - own[d])
+    out[0] = diag
+    out[1] = intra
+    out[2] = total - intra
+    out[3] = mx
+    out[4] = bi
+    out[5] = be
+
+
+@njit(cache=True, nogil=True)
+def microbatch_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b,
+                      local, nlocal, l0, l1):
+    """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
+
+    ids: int16 [T, L, K]; rows: int64 [n] rows of ids grouped by micro-batch (trace order inside), micro-batch b
+    being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows. route: int16 [L*E*W] GPU of
+    each (layer, expert, home), -1 where least-loaded must choose; node: int64 [W] node of each GPU (a table: a
+    64-bit division costs more than the rest of a pair).
+
+    Each token-layer: K replica choices, load per GPU, one send per distinct target GPU into the per-GPU dedup
+    matrix M [W, W] (home, target), one send per distinct remote node into B [W, N_n]. Tokens go in blocks, layer by
+    layer inside a block, so the layer's tables and matrices stay in cache. At the end of a micro-batch the
+    two-hop matrix is built from M and B (sends inside the home node stay direct; a send to a remote node lands on
+    the GPU of the home's local rank there and is forwarded over NVLink to each other target), and both matrices
+    are reduced by counts_and_clear. Writes loads int64 [B, L, W], cpg, cth int64 [B, L, 6]; adds into tot_pg
+    int64 [L, W, W] (per-GPU sends), tot_b int64 [L, W, N_n] (B; the two-hop totals are linear in both, see
+    routing.two_hop_matrix) and local, nlocal int64 [L]. Layers are independent: disjoint layer ranges may run in
+    parallel threads. Returns -1, or a row whose expert id is out of range.
+    """
+    L, K = ids.shape[1], ids.shape[2]
+    E = cand_gpu.shape[1]
+    W = node.shape[0]
+    Nn = node[W - 1] + 1
+    LK = L * K
+    flat = ids.reshape(-1)
+    lf = loads.reshape(-1)
+    M = np.zeros((l1 - l0, W, W), np.int32)
+    B = np.zeros((l1 - l0, W, Nn), np.int32)
+    TH = np.zeros((W, W), np.int32)
+    none = np.zeros((0, W), np.int64)
+    col = np.zeros(W, np.int64)
+    own = np.zeros(W, np.int64)
+    seen_g = np.zeros(W, np.int64)  # stamp of the last token-layer that sent to each GPU / node
+    seen_n = np.zeros(Nn, np.int64)
+    stamp = 0
+    for b in range(starts.shape[0] - 1):
+        for t0 in range(starts[b], starts[b + 1], 512):
+            t1 = min(starts[b + 1], t0 + 512)
+            for layer in range(l0, l1):
+                Ml = M[layer - l0]
+                Bl = B[layer - l0]
+                rb = layer * E * W
+                lb = (b * L + layer) * W
+                loc = 0
+                nloc = 0
+                for t in range(t0, t1):
+                    h = home[t]
+                    hn = node[h]
+                    ib = rows[t] * LK + layer * K
+                    mrow = Ml[h]
+                    brow = Bl[h]
+                    stamp += 1
+                    for k in range(K):  # branch-free counting: sends dedup by stamps, not by tests
+                        e = np.int64(flat[ib + k])
+                        if e < 0 or e >= E:
+                            return rows[t]
+                        g = np.int64(route[rb + e * W + h])
+                        if g < 0:
+                            g = cand_gpu[layer, e, least_loaded(cand_gpu, cand_ok, layer, e, rb + e * W + h, lf, lb)]
+                        lf[lb + g] += 1
+                        nd = node[g]
+                        loc += g == h
+                        nloc += nd == hn
+                        mrow[g] += first_visit(seen_g, g, stamp)  # first pair of this token-layer on GPU g
+                        brow[nd] += first_visit(seen_n, nd, stamp) & (nd != hn)  # first pair on remote node nd
+                local[layer] += loc
+                nlocal[layer] += nloc
+        for layer in range(l0, l1):
+            X = M[layer - l0]
+            Bl = B[layer - l0]
+            for h in range(W):
+                hn = node[h]
+                lr = h - hn * G
+                row = X[h]
+                for nd in range(Nn):
+                    c0 = nd * G
+                    if nd == hn:
+                        th = TH[h]
+                        for d in range(c0, c0 + G):
+                            th[d] += row[d]
+                    else:
+                        land = c0 + lr
+                        th = TH[land]
+                        for d in range(c0, c0 + G):
+                            th[d] += row[d]
+                        th[land] -= row[land]
+                        TH[h, land] += Bl[h, nd]
+                        tot_b[layer, h, nd] += Bl[h, nd]
+                        Bl[h, nd] = 0
+            counts_and_clear(X, node, G, tot_pg[layer], cpg[b, layer], col, own)
+            counts_and_clear(TH, node, G, none, cth[b, layer], col, own)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def token_sends_kernel(gpu, home, node, out):
+    """Sends of each token in one layer: gpu int [T, K] serving GPU of each pair, home int [T], node int [W].
+
+    Writes out int64 [T, 3]: per-GPU dedup sends to other GPUs of the home node, per-GPU dedup sends to GPUs of
+    other nodes, and two-hop (per-node dedup) inter-node sends (one per distinct remote node).
+    """
+    T, K = gpu.shape
+    W = node.shape[0]
+    seen_g = np.zeros(W, np.int64)
+    seen_n = np.zeros(node[W - 1] + 1, np.int64)
+    for t in range(T):
+        h = home[t]
+        hn = node[h]
+        stamp = t + 1
+        a = 0
+        b = 0
+        c = 0
+        for k in range(K):
+            g = gpu[t, k]
+            nd = node[g]
+            new_g = first_visit(seen_g, g, stamp)
+            new_n = first_visit(seen_n, nd, stamp)
+            if g != h and nd == hn:
+                a += new_g
+            elif nd != hn:
+                b += new_g
+                c += new_n
+        out[t, 0] = a
+        out[t, 1] = b
+        out[t, 2] = c
+
+
+
+
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool): a forked child makes its own
+
+
+def kernel_threads() -> int:
+    """Kernel threads: MOEPLACE_SIM_THREADS, else the CPUs this process may use (at most 8)."""
+    env = os.environ.get("MOEPLACE_SIM_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def by_layers(kernel, L: int, *args) -> list:
+    """Run ``kernel(*args, l0, l1)`` on disjoint layer ranges covering [0, L), in threads (the kernels release the
+    GIL; layers share no accumulator). Returns the kernels' return values."""
+    global _POOL
+    n = min(kernel_threads(), L)
+    if n <= 1:
+        return [kernel(*args, 0, L)]
+    cuts = [L * i // n for i in range(n + 1)]
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
+        _POOL = (os.getpid(), n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="moeplace-sim"))
+    futs = [_POOL[2].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(n)]
+    return [f.result() for f in futs]

@@ -1,0 +1,175 @@
+"""What the simulator returns: per-phase exact counts (:class:`PhaseResult`) and the whole answer
+(:class:`SimResult`), with their JSON.
+
+Shape legend: B = micro-batches, L = MoE layers, W = GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.io import atomic_write_json
+from moeplace.placement import Cluster
+from moeplace.simulate import routing
+from moeplace.simulate.batching import BatchConfig
+from moeplace.simulate.cost import CostConfig
+from moeplace.simulate.routing import DEDUP_MODES
+
+
+def _stat_additive(x: np.ndarray) -> dict:
+    """x: [B, L] per micro-batch and layer."""
+    if x.shape[0] == 0:
+        return {"total": 0.0, "per_layer": [0.0] * x.shape[1], "median_microbatch": 0.0,
+                "median_per_layer": [0.0] * x.shape[1]}
+    return {"total": float(x.sum()), "per_layer": x.sum(0).astype(float).tolist(),
+            "median_microbatch": float(np.median(x.sum(1))), "median_per_layer": np.median(x, 0).tolist()}
+
+
+def _stat_max(x: np.ndarray) -> dict:
+    if x.shape[0] == 0:
+        return {"total": 0.0, "per_layer": [0.0] * x.shape[1], "median_microbatch": 0.0,
+                "median_per_layer": [0.0] * x.shape[1]}
+    return {"total": float(x.max()), "per_layer": x.max(0).astype(float).tolist(),
+            "median_microbatch": float(np.median(x.max(1))), "median_per_layer": np.median(x, 0).tolist()}
+
+
+def _ratio(a: np.ndarray, b: np.ndarray, empty: float) -> np.ndarray:
+    a = np.asarray(a, float)
+    b = np.asarray(b, float)
+    return np.divide(a, b, out=np.full(np.broadcast(a, b).shape, empty), where=b > 0)
+
+
+@dataclass
+class PhaseResult:
+    """What one phase (prefill, decode, or both) cost. Integers are exact counts; bytes derive from them."""
+
+    phase: str  # "prefill", "decode" or "all"
+    num_tokens: int
+    dispatch_send_bytes: float  # bytes per dispatch send
+    combine_send_bytes: float  # bytes per combine send
+    microbatch_ids: np.ndarray  # int64 [B] (phase-specific id spaces; "all" lists prefill then decode)
+    pairs: np.ndarray  # int64 [L] token-expert pairs
+    load: np.ndarray  # int64 [L, W] pairs computed by each GPU
+    local_pairs: np.ndarray  # int64 [L] pairs served on the token's home GPU
+    node_local_pairs: np.ndarray  # int64 [L] pairs served on the home GPU's node
+    sends: dict  # mode ("per_gpu", "two_hop") -> int64 [L, W, W] sends source -> destination (diagonal: intra-GPU)
+    per_microbatch: dict  # name -> [B, L] (see moeplace.simulate.cost.microbatch_metrics); sorted by microbatch_ids
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self.microbatch_ids)
+
+    @property
+    def send_bytes(self) -> float:
+        """Bytes one send moves across its link, dispatch plus combine."""
+        return self.dispatch_send_bytes + self.combine_send_bytes
+
+    def bytes_per_microbatch(self, mode: str = "per_gpu", where: str = "inter_node") -> np.ndarray:
+        """float [B, L] bytes of one link class ("intra_gpu", "intra_node", "inter_node") per micro-batch and layer."""
+        if mode not in DEDUP_MODES:
+            raise ValueError(f"dedup mode {mode!r}: expected one of {DEDUP_MODES}")
+        return self.per_microbatch[f"{mode}.{where}_sends"] * self.send_bytes
+
+    def byte_matrix(self, mode: str = "per_gpu") -> np.ndarray:
+        """float [L, W, W] bytes from source GPU to destination GPU: dispatch sends plus returning combines."""
+        X = self.sends[mode].astype(float)
+        B = X * self.dispatch_send_bytes + np.swapaxes(X, -1, -2) * self.combine_send_bytes
+        idx = np.arange(X.shape[-1])
+        B[..., idx, idx] = 0.0
+        return B
+
+    @property
+    def balancedness_per_layer(self) -> np.ndarray:
+        """[L] mean_g / max_g of the phase's load (SGLang); 1 where a layer has no load."""
+        return routing.balancedness(self.load)
+
+    @property
+    def imbalance_ratio_per_layer(self) -> np.ndarray:
+        """[L] (max_g - mean_g) / mean_g (TensorRT-LLM); 0 where a layer has no load."""
+        return routing.imbalance_ratio(self.load)
+
+    def to_json(self) -> dict:
+        pm = self.per_microbatch
+        L = len(self.pairs)
+        sb = self.send_bytes
+        out: dict = {"num_tokens": int(self.num_tokens), "num_microbatches": self.num_microbatches,
+                     "num_pairs": int(self.pairs.sum())}
+        for mode in DEDUP_MODES:
+            prefix = "" if mode == "per_gpu" else "two_hop_"
+            for where in ("inter_node", "intra_node"):
+                out[f"{prefix}{where}_bytes"] = _stat_additive(pm[f"{mode}.{where}_sends"] * sb)
+            out[f"{prefix}sends"] = {w: _stat_additive(pm[f"{mode}.{w}_sends"])
+                                     for w in ("intra_gpu", "intra_node", "inter_node")}
+            out[f"{prefix}max_peer_message_bytes"] = _stat_max(pm[f"{mode}.max_message_sends"]
+                                                               * self.dispatch_send_bytes)
+            for key in ("", "_padded"):
+                comm = pm[f"{mode}.comm_time{key}"]
+                out[f"{prefix}comm_time{key}_s"] = _stat_additive(comm)
+                out[f"{prefix}layer_time{key}_s"] = _stat_additive(comm + pm["compute_time"])
+            out[f"{prefix}traffic_matrix_bytes"] = self.byte_matrix(mode).sum(0).tolist()
+        out["compute_time_s"] = _stat_additive(pm["compute_time"])
+        bal, imb = self.balancedness_per_layer, self.imbalance_ratio_per_layer
+        W = self.load.shape[-1]
+        bal_mb = routing.balancedness_of(pm["pairs"], pm["max_load"], W).mean(1) if self.num_microbatches \
+            else np.zeros(0)
+        imb_mb = routing.imbalance_of(pm["pairs"], pm["max_load"], W).mean(1) if self.num_microbatches \
+            else np.zeros(0)
+        out["balancedness"] = {"total": float(bal.mean()) if L else 1.0, "per_layer": bal.tolist(),
+                               "median_microbatch": float(np.median(bal_mb)) if len(bal_mb) else 1.0}
+        out["imbalance_ratio"] = {"total": float(imb.mean()) if L else 0.0, "per_layer": imb.tolist(),
+                                  "median_microbatch": float(np.median(imb_mb)) if len(imb_mb) else 0.0}
+        out["local_activation_rate"] = {"total": float(_ratio(self.local_pairs.sum(), self.pairs.sum(), 0.0)),
+                                        "per_layer": _ratio(self.local_pairs, self.pairs, 0.0).tolist()}
+        out["node_local_rate"] = {"total": float(_ratio(self.node_local_pairs.sum(), self.pairs.sum(), 0.0)),
+                                  "per_layer": _ratio(self.node_local_pairs, self.pairs, 0.0).tolist()}
+        out["load_per_gpu"] = self.load.sum(0).tolist()
+        return out
+
+
+def merge_phases(a: PhaseResult, b: PhaseResult) -> PhaseResult:
+    """Both phases as one (``SimResult.all``): counts added, micro-batches listed prefill then decode."""
+    return PhaseResult(
+        "all", a.num_tokens + b.num_tokens, a.dispatch_send_bytes, a.combine_send_bytes,
+        np.concatenate([a.microbatch_ids, b.microbatch_ids]), a.pairs + b.pairs, a.load + b.load,
+        a.local_pairs + b.local_pairs, a.node_local_pairs + b.node_local_pairs,
+        {m: a.sends[m] + b.sends[m] for m in DEDUP_MODES},
+        {k: np.concatenate([a.per_microbatch[k], b.per_microbatch[k]]) for k in a.per_microbatch},
+    )
+
+
+@dataclass
+class SimResult:
+    """The simulator's answer: prefill and decode apart, and both together (``all``)."""
+
+    model: str
+    synthetic: bool  # True when the trace is a generated workload
+    trace_source: str
+    cluster: Cluster
+    rule: str
+    plan_strategy: str
+    cost: CostConfig
+    batching: BatchConfig
+    hidden_size: int
+    pair_seconds: float
+    prefill: PhaseResult
+    decode: PhaseResult
+
+    @property
+    def all(self) -> PhaseResult:
+        return merge_phases(self.prefill, self.decode)
+
+    def to_json(self) -> dict:
+        allp = self.all.to_json()
+        head = {"model": self.model, "synthetic": self.synthetic, "trace_source": self.trace_source,
+                "cluster": self.cluster.to_json(), "num_gpus": self.cluster.world_size, "rule": self.rule,
+                "plan_strategy": self.plan_strategy, "cost": asdict(self.cost), "batching": asdict(self.batching),
+                "hidden_size": self.hidden_size, "pair_seconds": self.pair_seconds}
+        return {**head, **allp, "prefill": self.prefill.to_json(), "decode": self.decode.to_json()}
+
+    def save_json(self, path: str | os.PathLike) -> Path:
+        return atomic_write_json(self.to_json(), path)
+

@@ -1,0 +1,300 @@
+"""The simulator: what a placement and a grouping cost, replayed token by token on a routing trace.
+
+Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, P = physical slots, W = GPUs,
+B = micro-batches, N_n = nodes, G = GPUs per node.
+
+Pipeline of one micro-batch and layer (docs/SIMULATOR.md has the full definitions):
+
+1. every token starts at its request's home GPU (micro-batches from :mod:`moeplace.simulate.batching`);
+2. each of its K experts is served by one replica, chosen by the rule of :mod:`moeplace.simulate.routing`
+   (the runtime calls the same functions, so simulator and runtime route identically);
+3. sends per destination GPU (per-GPU dedup) or per remote node (two-hop), split by link class;
+4. time per micro-batch from :mod:`moeplace.simulate.cost`.
+
+:func:`simulate` streams: memory is bounded by the open micro-batches; each micro-batch, once all its tokens were
+seen, goes through one compiled kernel call (:mod:`moeplace.simulate.kernels`) on disjoint layer ranges in
+threads. ``tests/spec_simulator.py`` is an independent, loop-by-loop spec that it must match exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.placement import Cluster, Placement, Plan
+from moeplace.simulate import kernels
+from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
+from moeplace.simulate.cost import CostConfig, microbatch_metrics, pair_flops_of
+from moeplace.simulate.result import PhaseResult, SimResult
+from moeplace.simulate.routing import (
+    DEDUP_MODES,
+    DEFAULT_RULE,
+    RouteTables,
+    build_route_tables,
+    check_rule,
+    two_hop_matrix,
+)
+from moeplace.trace.store import (
+    DECODE,
+    PREFILL,
+    Requests,
+    TokenChunk,
+    Trace,
+    TraceMeta,
+    iter_token_chunks,
+    read_meta,
+    read_requests,
+)
+
+# --------------------------------------------------------------------------------------------------- context
+
+
+@dataclass
+class _Ctx:
+    meta: TraceMeta
+    placement: Placement
+    cluster: Cluster
+    tab: RouteTables
+    rule: str
+    hidden: int
+    dispatch_send_bytes: float  # bytes of one dispatch send (hidden * dispatch_bytes)
+    combine_send_bytes: float
+    pair_seconds: float  # compute seconds of one token-expert pair on one GPU
+    cost: CostConfig
+    batching: BatchConfig
+    plan: Plan
+    route: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
+    node: np.ndarray | None = None  # int64 [W] node of each GPU
+
+    def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-micro-batch metrics of the time model (:func:`moeplace.simulate.cost.microbatch_metrics`)."""
+        return microbatch_metrics(counts, load, self.cluster, self.dispatch_send_bytes, self.combine_send_bytes,
+                                  self.pair_seconds)
+
+    @property
+    def W(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def G(self) -> int:
+        return self.cluster.gpus_per_node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.cluster.num_nodes
+
+
+def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost: CostConfig | None,
+              batching: BatchConfig | None, rule: str, num_redundant: int) -> _Ctx:
+    check_rule(rule)
+    if meta.kind != "tokens":
+        raise ValueError("simulate needs a per-token trace, but this trace is counts-only (kind='counts')")
+    cost = cost or CostConfig()
+    batching = batching or BatchConfig()
+    if plan is None:
+        if cluster is None:
+            raise ValueError("simulate: give a plan or a cluster (for the default linear placement)")
+        placement = Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant)
+        plan = Plan(placement, cluster, strategy="linear" if not num_redundant else f"linear+{num_redundant}")
+    elif cluster is not None and cluster.spec() != plan.cluster.spec():
+        raise ValueError(f"simulate: cluster {cluster.spec()} differs from the plan's cluster {plan.cluster.spec()}")
+    elif cluster is None:
+        cluster = plan.cluster
+    pl = plan.placement
+    if pl.num_layers != meta.num_layers or pl.num_experts != meta.num_experts:
+        raise ValueError(f"plan does not fit the trace: plan has L={pl.num_layers} layers and E={pl.num_experts} "
+                         f"experts, the trace has L={meta.num_layers} and E={meta.num_experts}")
+    if pl.num_gpus != cluster.world_size:
+        raise ValueError(f"plan is for {pl.num_gpus} GPUs but cluster {cluster.spec()} has {cluster.world_size}")
+    hidden = cost.hidden_size or meta.hidden_size
+    if not hidden:
+        raise ValueError("hidden size unknown: the trace metadata has no hidden_size; give CostConfig.hidden_size "
+                         "(CLI: --hidden-size)")
+    pair_flops = pair_flops_of(cost, int(hidden), meta.model)
+    W = cluster.world_size
+    tab = build_route_tables(pl.phy2log, pl.slot_gpu, np.arange(W) // cluster.gpus_per_node, meta.num_experts)
+    return _Ctx(meta, pl, cluster, tab, rule, int(hidden), hidden * cost.dispatch_bytes, hidden * cost.combine_bytes,
+                pair_flops / cluster.expert_flops, cost, batching, plan, tab.kernel_serve(rule),
+                np.arange(W, dtype=np.int64) // cluster.gpus_per_node)
+
+
+
+# --------------------------------------------------------------------------------------------------- accumulation
+
+
+class _PhaseAcc:
+    """Accumulators of one phase: totals, finished per-micro-batch metrics, and the token rows of open micro-batches.
+
+    A micro-batch is routed only once all its tokens were seen: rows of open micro-batches wait in ``pending``
+    (copies of their routing, 2 bytes per token, layer and k: much less than open [L, W, W] matrices), so the
+    kernel routes each micro-batch with its matrices hot in cache and reduces them at once.
+    """
+
+    def __init__(self, ctx: _Ctx, lay: Layout, phase: int) -> None:
+        L, W = ctx.meta.num_layers, ctx.W
+        self.ctx, self.phase = ctx, phase
+        self.expect_ids, self.expect_n = lay.mb_ids[phase], lay.mb_tokens[phase]
+        self.tokens = 0
+        self.pairs = np.zeros(L, np.int64)
+        self.local = np.zeros(L, np.int64)
+        self.node_local = np.zeros(L, np.int64)
+        self.load = np.zeros((L, W), np.int64)
+        self.sends = {m: np.zeros((L, W, W), np.int64) for m in DEDUP_MODES}
+        self.done_ids: list[np.ndarray] = []
+        self.done: list[dict] = []
+        self.seen: dict[int, int] = {}  # open micro-batch id -> tokens seen so far
+        self.pending: list[list] = []  # [ids int16 [n, L, K], home [n], mb [n], alive bool [n]] in trace order
+        self.node_sends: np.ndarray | None = None  # int64 [L, W, N_n] once the kernel routed (two-hop totals)
+
+    def add(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
+        """Take the rows ``rows`` of ids int16 [T, L, K] (one phase, trace order; home, mb: int [n]) and route
+        every micro-batch that is now complete."""
+        n = len(rows)
+        if n == 0:
+            return
+        self.tokens += n
+        self.pairs += np.int64(ids.shape[2] * n)
+        umb, cnt = np.unique(mb, return_counts=True)
+        pos = np.searchsorted(self.expect_ids, umb)
+        complete = []
+        from_pending = False  # a complete micro-batch has rows waiting from earlier chunks
+        for m, c, i in zip(umb.tolist(), cnt.tolist(), pos.tolist(), strict=True):
+            before = self.seen.pop(m, 0)
+            if i < len(self.expect_ids) and self.expect_ids[i] == m and before + c >= self.expect_n[i]:
+                complete.append(m)
+                from_pending |= before > 0
+            else:
+                self.seen[m] = before + c
+        now = np.isin(mb, complete) if len(complete) < len(umb) else np.ones(n, bool)
+        if from_pending:
+            parts: list[tuple] = []
+            for p in self.pending:
+                take = p[3] & np.isin(p[2], complete)
+                if take.any():
+                    parts.append((p[0][take], p[1][take], p[2][take]))
+                    p[3] &= ~take
+            self.pending = [p for p in self.pending if p[3].any()]
+            parts.append((ids[rows[now]], home[now], mb[now]))
+            cat = np.concatenate([x[0] for x in parts])
+            self._route(cat, np.arange(len(cat)), np.concatenate([x[1] for x in parts]),
+                        np.concatenate([x[2] for x in parts]))
+        elif complete:
+            self._route(ids, rows[now], home[now], mb[now])
+        if not now.all():
+            keep = ~now
+            self.pending.append([ids[rows[keep]], home[keep], mb[keep], np.ones(int(keep.sum()), bool)])
+
+    def _route(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
+        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids."""
+        ctx = self.ctx
+        L = ctx.meta.num_layers
+        order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
+        umb, cnt = np.unique(mb, return_counts=True)
+        starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+        nb = len(umb)
+        loads = np.zeros((nb, L, ctx.W), np.int64)
+        counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
+        if self.node_sends is None:
+            self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
+        bad = kernels.by_layers(kernels.microbatch_kernel, L, np.ascontiguousarray(ids, np.int16),
+                                np.ascontiguousarray(rows[order]), np.ascontiguousarray(home[order], np.int64),
+                                starts, ctx.route, ctx.tab.cand_gpu, ctx.tab.cand_ok, ctx.node, ctx.G, loads,
+                                counts["per_gpu"], counts["two_hop"],
+                                self.sends["per_gpu"], self.node_sends, self.local, self.node_local)
+        if max(bad) >= 0:
+            raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+        self.load += loads.sum(0)
+        self.done_ids.append(umb.astype(np.int64))
+        self.done.append(ctx.metrics(counts, loads))
+
+    def result(self, name: str) -> PhaseResult:
+        if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
+            ps = [p for p in self.pending if p[3].any()]
+            self.pending = []
+            if ps:
+                ids = np.concatenate([p[0][p[3]] for p in ps])
+                self._route(ids, np.arange(len(ids)), np.concatenate([p[1][p[3]] for p in ps]),
+                            np.concatenate([p[2][p[3]] for p in ps]))
+        if self.node_sends is not None:
+            self.sends["two_hop"] = two_hop_matrix(self.sends["per_gpu"], self.node_sends, self.ctx.G)
+            self.node_sends = None
+        L = self.ctx.meta.num_layers
+        if self.done:
+            ids = np.concatenate(self.done_ids)
+            order = np.argsort(ids, kind="stable")
+            pm = {k: np.concatenate([d[k] for d in self.done])[order] for k in self.done[0]}
+            ids = ids[order]
+        else:
+            ids = np.zeros(0, np.int64)
+            z = np.zeros((0, L, 6), np.int64)
+            pm = self.ctx.metrics({m: z for m in DEDUP_MODES}, np.zeros((0, L, self.ctx.W), np.int64))
+        return PhaseResult(name, self.tokens, self.ctx.dispatch_send_bytes, self.ctx.combine_send_bytes, ids,
+                           self.pairs, self.load, self.local, self.node_local, self.sends, pm)
+
+
+# --------------------------------------------------------------------------------------------------- entry points
+
+
+def _open_source(trace) -> tuple[TraceMeta, Requests, object]:
+    if isinstance(trace, Trace):
+        if trace.tokens is None:
+            raise ValueError("simulate needs a per-token trace, but this trace is counts-only")
+        return trace.meta, trace.requests, trace
+    p = Path(trace)
+    return read_meta(p), read_requests(p), p
+
+
+def _chunks(source, chunk_tokens: int) -> Iterator[TokenChunk]:
+    if isinstance(source, Trace):
+        tk = source.tokens
+        for s in range(0, len(tk), chunk_tokens):
+            yield tk.select(slice(s, s + chunk_tokens))
+    else:
+        yield from iter_token_chunks(source, chunk_tokens=chunk_tokens, columns_weights=False)
+
+
+def _result(ctx: _Ctx, accs: dict[int, _PhaseAcc]) -> SimResult:
+    m = ctx.meta
+    return SimResult(m.model, bool(m.synthetic), m.source, ctx.cluster, ctx.rule, ctx.plan.strategy, ctx.cost,
+                     ctx.batching, ctx.hidden, ctx.pair_seconds, accs[PREFILL].result("prefill"),
+                     accs[DECODE].result("decode"))
+
+
+def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, cost: CostConfig | None = None,
+             batching: BatchConfig | None = None, rule: str = DEFAULT_RULE, num_redundant: int = 0,
+             chunk_tokens: int = 16384, progress: bool = False) -> SimResult:
+    """Replay a per-token trace on a plan; vectorised and streaming (memory bounded by open micro-batches).
+
+    trace: a trace directory or an in-memory :class:`Trace`. plan: placement + homes; None -> linear placement
+    with ``num_redundant`` redundant slots on ``cluster`` and round-robin homes in request-table order.
+    """
+    meta, requests, source = _open_source(trace)
+    ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    lay = build_layout(source, requests, ctx.plan.home_of(requests.request_id), ctx.batching)
+    if len(lay.home) and (lay.home.min() < 0 or lay.home.max() >= ctx.W):
+        raise ValueError(f"plan: a request's home GPU is out of range [0, {ctx.W})")
+    accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
+    total = int(sum(lay.mb_tokens[p].sum() for p in (PREFILL, DECODE)))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="tok", desc="simulate")
+    for ch in _chunks(source, chunk_tokens):
+        r = rows_of(lay, ch.request_id)
+        mb = microbatch_ids(lay, r, ch.position, ch.phase)
+        home = lay.home[r]
+        ids = np.ascontiguousarray(ch.expert_ids, np.int16)
+        for p in (PREFILL, DECODE):
+            sel = np.flatnonzero(ch.phase == p)
+            accs[p].add(ids, sel, home[sel], mb[sel])
+        if bar is not None:
+            bar.update(len(ch))
+    if bar is not None:
+        bar.close()
+    return _result(ctx, accs)
