@@ -298,3 +298,37 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
     if bar is not None:
         bar.close()
     return _result(ctx, accs)
+
+
+def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phy2log: np.ndarray,
+               cluster: Cluster, rule: str = DEFAULT_RULE) -> np.ndarray:
+    """int64 [L, W]: pairs each GPU computes when token rows are routed micro-batch by micro-batch by ``rule``.
+
+    expert_ids: int [T, L, K]; home: int [T] home GPU; microbatch: int [T] micro-batch of each row (rows of one
+    micro-batch are routed in row order); phy2log: int [L, P]. The same compiled routing as :func:`simulate`,
+    for a planner that checks a candidate placement on array rows without building a trace.
+    """
+    check_rule(rule)
+    ids = np.ascontiguousarray(expert_ids, np.int16)
+    T, L, _ = ids.shape
+    W = cluster.world_size
+    p2l = np.asarray(phy2log, np.int64)
+    E = int(ids.max()) + 1 if ids.size else 1
+    E = max(E, int(p2l.max()) + 1)
+    pl = Placement(p2l, E, W)
+    tab = build_route_tables(p2l, pl.slot_gpu, np.arange(W) // cluster.gpus_per_node, E)
+    order = np.argsort(np.asarray(microbatch, np.int64), kind="stable")
+    _, cnt = np.unique(np.asarray(microbatch)[order], return_counts=True)
+    starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    nb = len(cnt)
+    loads = np.zeros((nb, L, W), np.int64)
+    counts = np.zeros((nb, L, 6), np.int64)
+    node = np.arange(W, dtype=np.int64) // cluster.gpus_per_node
+    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, order.astype(np.int64),
+                            np.ascontiguousarray(np.asarray(home, np.int64)[order]), starts, tab.kernel_serve(rule),
+                            tab.cand_gpu, tab.cand_ok, node, cluster.gpus_per_node, loads, counts, counts.copy(),
+                            np.zeros((L, W, W), np.int64), np.zeros((L, W, cluster.num_nodes), np.int64),
+                            np.zeros(L, np.int64), np.zeros(L, np.int64))
+    if max(bad) >= 0:
+        raise ValueError(f"route_load: a token row has an expert id out of range [0, {E})")
+    return loads.sum(0)
