@@ -55,9 +55,10 @@ def _additive(j: dict, x: np.ndarray) -> None:
     assert close(j["median_per_layer"], [median(col) for col in x.T.tolist()] if len(x) else np.zeros(x.shape[1]))
 
 
-def assert_json_matches(j: dict, spec: dict, dispatch_send_bytes: float, combine_send_bytes: float) -> None:
+def assert_json_matches(j: dict, spec: dict) -> None:
     """j: one phase's keys of SimResult.to_json() (a phase, or the top level for both); spec: the spec's phase."""
     pm = spec["per_microbatch"]
+    dispatch_send_bytes, combine_send_bytes = spec["dispatch_send_bytes"], spec["combine_send_bytes"]
     L, W = spec["load"].shape
     send_bytes = dispatch_send_bytes + combine_send_bytes
     assert j["num_tokens"] == spec["num_tokens"]
@@ -101,6 +102,5 @@ def assert_matches_spec(res, spec: dict) -> None:
     j = res.to_json()
     for phase in PHASES:
         assert_phase_matches(getattr(res, phase), spec[phase], phase)
-        assert_json_matches(j[phase], spec[phase], res.prefill.dispatch_send_bytes, res.prefill.combine_send_bytes)
-    both = merge_phases(spec["prefill"], spec["decode"])
-    assert_json_matches(j, both, res.prefill.dispatch_send_bytes, res.prefill.combine_send_bytes)
+        assert_json_matches(j[phase], spec[phase])
+    assert_json_matches(j, merge_phases(spec["prefill"], spec["decode"]))

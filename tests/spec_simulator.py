@@ -193,7 +193,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
     """Replay a per-token in-memory trace on a plan, one token, layer and expert at a time.
 
     Returns {"prefill": phase, "decode": phase}; a phase is a dict with
-    ``microbatches`` (sorted keys: int for prefill, (window, step) for decode), ``num_tokens``, exact integer
+    ``microbatches`` (sorted keys: int for prefill, (window, step) for decode), ``num_tokens``,
+    ``dispatch_send_bytes`` and ``combine_send_bytes`` (bytes of one send: hidden x bytes per element), exact integer
     arrays ``pairs [L]``, ``load [L, W]``, ``local [L]``, ``node_local [L]``, ``sends[mode] [L, W, W]``, and
     ``per_microbatch[name] [B, L]``: ``{mode}.{count}`` for every count of LINK_COUNTS, ``{mode}.comm_time``,
     ``{mode}.comm_time_padded``, ``compute_time``, ``pairs``, ``max_load``.
@@ -289,7 +290,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
             per_microbatch[n] = (np.array(per_mb[n], float if floats else np.int64) if keys
                                  else np.zeros((0, L), float if floats else np.int64))
         out[name] = {
-            "microbatches": keys, "num_tokens": num_tokens, "pairs": np.array(pairs, np.int64),
+            "microbatches": keys, "num_tokens": num_tokens, "dispatch_send_bytes": dispatch_send_bytes,
+            "combine_send_bytes": combine_send_bytes, "pairs": np.array(pairs, np.int64),
             "load": np.array(load, np.int64).reshape(L, W), "local": np.array(local, np.int64),
             "node_local": np.array(node_local, np.int64),
             "sends": {m: np.array(sends[m], np.int64).reshape(L, W, W) for m in MODES},
@@ -303,6 +305,7 @@ def merge_phases(a: dict, b: dict) -> dict:
     return {
         "microbatches": list(a["microbatches"]) + list(b["microbatches"]),
         "num_tokens": a["num_tokens"] + b["num_tokens"],
+        "dispatch_send_bytes": a["dispatch_send_bytes"], "combine_send_bytes": a["combine_send_bytes"],
         **{k: a[k] + b[k] for k in ("pairs", "load", "local", "node_local")},
         "sends": {m: a["sends"][m] + b["sends"][m] for m in MODES},
         "per_microbatch": {k: np.concatenate([a["per_microbatch"][k], b["per_microbatch"][k]])
