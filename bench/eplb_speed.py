@@ -13,8 +13,9 @@ import time
 import numpy as np
 
 from moeplace.placement import Placement
-from moeplace.plan.base import balancedness, ideal_gpu_load
+from moeplace.plan.base import ideal_gpu_load
 from moeplace.plan.eplb import rebalance
+from moeplace.simulate.routing import mean_balancedness as balancedness
 
 
 def main() -> int:

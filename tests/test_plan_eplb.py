@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from moeplace.placement import Placement
-from moeplace.plan.base import balancedness, ideal_gpu_load
+from moeplace.plan.base import ideal_gpu_load
 from moeplace.plan.eplb import balanced_packing, rebalance, replicate_experts
+from moeplace.simulate.routing import mean_balancedness as balancedness
 
 # github.com/deepseek-ai/EPLB README: 2 layers x 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs
 README_WEIGHT = np.array([[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

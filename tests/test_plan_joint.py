@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from moeplace.placement import Cluster
 from moeplace.plan import workload_from_tokens
 from moeplace.plan.grouping import Grouper, assign_rounds
 from moeplace.plan.joint import (
-    _fold_use,
-    _LayerSearch,
-    _use_by_gpu,
+    LayerSearch,
     assign_all,
+    fold_use,
     request_folds,
     serve_table,
     signal_features,
+    use_by_gpu,
 )
 
 
@@ -30,26 +31,30 @@ def test_fold_use_sums_to_window_use():
     ids = np.stack([np.stack([rng.choice(E, K, replace=False) for _ in range(L)]) for _ in range(T)])
     homes = rng.integers(0, W, Rq)
     fold = request_folds(Rq, 5, rng)
-    fu, use = _fold_use(tok_req, ids, homes, fold, W, E)
+    fu, use = fold_use(tok_req, ids, homes, fold, W, E)
     assert fu.shape == (L, 5, W, E)
-    np.testing.assert_allclose(use, _use_by_gpu(tok_req, ids, homes, W, E))
+    np.testing.assert_allclose(use, use_by_gpu(tok_req, ids, homes, W, E))
     sel = np.isin(tok_req, np.flatnonzero(fold == 2))
-    np.testing.assert_allclose(fu[:, 2], _use_by_gpu(tok_req[sel], ids[sel], homes, W, E))
+    np.testing.assert_allclose(fu[:, 2], use_by_gpu(tok_req[sel], ids[sel], homes, W, E))
 
 
 def test_robust_fold_loads_stay_exact_under_moves():
     rng = np.random.default_rng(2)
     S, G, W, E, F = 3, 2, 4, 10, 6
     p2l = np.concatenate([rng.permutation(E), rng.choice(E, W * S - E, replace=False)])
-    fold_use = rng.gamma(1.0, 5.0, (F, W, E))
-    use = fold_use.sum(axis=0)
+    fu = rng.gamma(1.0, 5.0, (F, W, E))
+    use = fu.sum(axis=0)
     cap = use.sum() / W / 0.95
-    s = _LayerSearch(p2l, S, G, use, cap, 4.0, co=np.zeros((W, E, E)), fold_use=fold_use, robust=0.5)
-    plain = _LayerSearch(p2l, S, G, use, cap, 4.0, co=np.zeros((W, E, E)))
+    cluster = Cluster(W // G, G)
+    home = rng.integers(0, W, 300)
+    ids = np.stack([rng.choice(E, 2, replace=False) for _ in range(300)])
+    s = LayerSearch(p2l, cluster, use, cap, 4.0, home, ids, fold_use=fu, robust=0.5)
+    plain = LayerSearch(p2l, cluster, use, cap, 4.0, home, ids)
     assert s.overflow(s.load, s.fold_load) >= plain.overflow(plain.load)  # the spread only adds load
-    s.run(rng, deadline=float("inf"), max_passes=3)
-    serve = serve_table(s.p2l, S, G, W, E)
-    want = np.stack([np.bincount(serve.ravel(), weights=fold_use[f].ravel(), minlength=W) for f in range(F)])
+    moves, hit = s.run(rng, max_evals=10_000, max_passes=3)
+    assert moves > 0 and not hit
+    serve = serve_table(s.p2l, cluster, E)
+    want = np.stack([np.bincount(serve.ravel(), weights=fu[f].ravel(), minlength=W) for f in range(F)])
     np.testing.assert_allclose(s.fold_load, want, atol=1e-9)
     np.testing.assert_allclose(s.load, want.sum(axis=0), atol=1e-9)
 

@@ -165,14 +165,6 @@ def check_sizes(num_layers: int, num_experts: int, cluster: Cluster, num_redunda
     return P, P // W
 
 
-def balancedness(gpu_load: np.ndarray) -> float:
-    """mean_g / max_g per layer, averaged over layers. gpu_load: float [L, W]. Layers with no load count as 1."""
-    gl = np.asarray(gpu_load, np.float64)
-    mx = gl.max(axis=1)
-    per = np.where(mx > 0, gl.mean(axis=1) / np.where(mx > 0, mx, 1.0), 1.0)
-    return float(per.mean())
-
-
 def ideal_gpu_load(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
     """float [L, W]: GPU load if every expert's load splits evenly over its replicas (EPLB's own model).
 

@@ -315,7 +315,7 @@ def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_
     return Grouper(np.stack(rows), gpus_per_node, round_size, kind="centroids", layers=layers)
 
 
-def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
+def use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
     """float [L, W, E]: traffic pairs by home GPU and expert."""
     T, L, K = ids.shape
     h = homes[tok_req].astype(np.int64)[:, None] * E
@@ -325,7 +325,7 @@ def _use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int,
     return out
 
 
-def _fold_use(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, fold: np.ndarray, W: int,
+def fold_use(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, fold: np.ndarray, W: int,
               E: int) -> tuple[np.ndarray, np.ndarray]:
     """(float [L, F, W, E], float [L, W, E]): traffic pairs by fold, home GPU and expert, and the window's pairs
     by home GPU and expert (the folds' sum).
@@ -376,9 +376,9 @@ def place_given_homes(homes: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, s
     L = ids.shape[1]
     E = num_experts if num_experts is not None else (int(ids.max()) + 1 if ids.size else 1)
     if fold is None:
-        use, fuse = _use_by_gpu(tok_req, ids, homes, W, E), None
+        use, fuse = use_by_gpu(tok_req, ids, homes, W, E), None
     else:
-        fuse, use = _fold_use(tok_req, ids, homes, fold, W, E)
+        fuse, use = fold_use(tok_req, ids, homes, fold, W, E)
     if start is None:
         use_node = use.reshape(L, N, G, E).sum(axis=2).transpose(1, 0, 2)  # [N, L, E]
         p2l = initial_placement(use_node, P, G)
@@ -508,9 +508,9 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
             break
         # offset = (simulated - static-model) load shares, in the search's units (all learning rows)
         sel = np.isin(learn[tok_req], check)
-        use = _use_by_gpu(tok_req[sel], ids[sel], homes, W, E)
+        use = use_by_gpu(tok_req[sel], ids[sel], homes, W, E)
         static = np.stack([gpu_load(serve_table(p2l[layer], cluster, E), use[layer]) for layer in range(L)])
-        total = _use_by_gpu(tok_req, ids, homes, W, E).sum(axis=(1, 2))[:, None]
+        total = use_by_gpu(tok_req, ids, homes, W, E).sum(axis=(1, 2))[:, None]
         share = sim_load / np.maximum(sim_load.sum(axis=1, keepdims=True), 1) \
             - static / np.maximum(static.sum(axis=1, keepdims=True), 1)
         floor = min(1.0, floor + 0.01)
@@ -525,7 +525,7 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
         # the floor is a hard constraint: fall back to EPLB's placement (balance from load alone) with these homes
         from moeplace.plan.eplb import rebalance
 
-        cand = rebalance(_use_by_gpu(tok_req, ids, homes, W, E).sum(axis=1), P, 1, N, W)
+        cand = rebalance(use_by_gpu(tok_req, ids, homes, W, E).sum(axis=1), P, 1, N, W)
         b = mean_balancedness(simulated_load(work, cand, check_homes, cluster, check))
         if b > balance[-1]:
             p2l, fallback = cand, f"joint reached {balance[-1]:.4f} < floor {balance_floor}; used EPLB's placement"
