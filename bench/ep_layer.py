@@ -4,7 +4,7 @@ For each emulated cluster (2x2 and 4x1 by default; W = 4 ranks, one namespace pe
 with tc so they are about r times slower than the unshaped intra-node path) and each trace (the gpt-oss-20b data in
 ../shared/data when present, and the reference trace), this script
 
-1. splits the trace into a planning and a held-out window (moeplace.plan.compare's protocol), plans linear, eplb
+1. splits the trace into a planning and a held-out window (moeplace.evaluate protocol), plans linear, eplb
    and joint on the planning window, gives held-out requests homes with each plan's grouper;
 2. calibrates the emulated links and the ranks' GEMM rate with the same all_to_all_single calls the dispatcher
    makes (alpha, bytes/s per link class, FLOP/s per rank, all four ranks busy at once);
@@ -115,9 +115,9 @@ def load_traces(tmp: Path, quick: bool) -> dict:
 
 def plans_for(trace, cluster, args) -> tuple[dict, object]:
     """Plan linear, eplb, joint on the planning window; returns ({name: plan with held-out homes}, scoring)."""
+    from moeplace.evaluate import held_out_homes, scoring_trace, split_windows
     from moeplace.placement import Plan
     from moeplace.plan import make_plan
-    from moeplace.plan.compare import held_out_homes, scoring_trace, split_windows
 
     win = split_windows(trace, holdout=args.holdout, seed=0)
     scoring = scoring_trace(win.held, win.held_signal)

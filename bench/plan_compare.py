@@ -49,10 +49,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "plan_compare"))
     args = ap.parse_args()
 
-    from moeplace.cli.plan_cmd import format_table
+    from moeplace.evaluate import compare, format_table
     from moeplace.placement import Cluster
     from moeplace.plan import STRATEGIES
-    from moeplace.plan.compare import compare
     from moeplace.trace import read_trace
 
     trace_path = ensure_trace(args.trace)

@@ -52,7 +52,7 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
     path, _, _ = small_trace
     out = tmp_path / "cmp.json"
     rc = main(["compare", str(path), "--cluster", "2x1", "--redundant", "0", "--holdout", "0.5", "--quiet",
-               "--strategies", "linear,eplb,activation-clusters,joint", "--time-budget", "1",
+               "--strategies", "linear,eplb,activation-clusters,joint", "--search-evals", "300",
                "--prefix-tokens", "0", "--sweep-floor", "0.5,0.9", "--plot", str(tmp_path / "f.png"),
                "--json", str(out)])
     assert rc == 0, capsys.readouterr().err

@@ -33,3 +33,21 @@ def atomic_write_text(text: str, dest: str | os.PathLike) -> Path:
 def atomic_write_json(obj, dest: str | os.PathLike, indent: int | None = 1, allow_nan: bool = True) -> Path:
     """Write ``obj`` as JSON (one trailing newline) to ``dest`` atomically; returns the path."""
     return atomic_write_text(json.dumps(obj, indent=indent, allow_nan=allow_nan) + "\n", dest)
+
+
+def atomic_write_bytes(data: bytes, dest: str | os.PathLike) -> Path:
+    """Write ``data`` to ``dest`` atomically (an image, say); returns the path."""
+    p = Path(dest)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p

@@ -398,3 +398,45 @@ def _analyse_counts(meta: TraceMeta, path: str, counts: Counts, params: dict) ->
     unavailable["drift"] = "counts-only trace: needs tokens in trace order"
     out["unavailable"] = unavailable
     return out
+
+
+def _fmt(v, fmt: str = "{:.3f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def format_summary(res: dict) -> str:
+    """The short summary table of an :func:`analyse_trace` answer, as printed by ``moeplace analyze``."""
+    lines: list[str] = []
+    m = res["meta"]
+    tag = "  [SYNTHETIC]" if m["synthetic"] else ""
+    nt = m["num_tokens"]
+    lines.append(f"{m['model']}{tag}: {m['kind']} trace, L={m['num_layers']} E={m['num_experts']} k={m['top_k']}, "
+          f"{nt['total']:,.0f} tokens (prefill {nt['prefill']:,.0f}, decode {nt['decode']:,.0f}), "
+          f"{m['num_requests']:,} requests")
+    imb, dom, pd, tm, dr = res["imbalance"], res["domain"], res["prefill_decode"], res["temporal"], res["drift"]
+    mom = [v for v in imb["max_over_mean"] if v is not None]
+    rows = [
+        ("max/mean expert load", _fmt(imb["layer_mean"]["max_over_mean"], "{:.2f}"),
+         f"layers {min(mom):.2f} .. {max(mom):.2f}" if mom else ""),
+        ("Gini of expert load", _fmt(imb["layer_mean"]["gini"]), ""),
+        ("top-10% experts' share", _fmt(imb["layer_mean"]["top10_share"], "{:.1%}"), ""),
+        ("domain JS divergence (bits)", _fmt(dom["js_divergence_mean"], "{:.4f}"), ", ".join(dom["order"])),
+        ("domain classification", _fmt(dom["classification_accuracy"], "{:.1%}"),
+         "" if dom["classification"]["chance"] is None else f"majority baseline {dom['classification']['chance']:.1%}"),
+        ("prefill-decode Pearson", _fmt(pd["pearson_mean"]), f"{pd['num_requests']} requests"),
+        ("decode overlap with prev token", _fmt(tm["decode_overlap_mean"], "{:.1%}"),
+         f"random {tm['random_overlap']:.1%}"),
+        ("drift JS between windows", _fmt(dr["js_mean"], "{:.4f}"),
+         "" if dr["split_half_js_mean"] is None else f"split-half reference {dr['split_half_js_mean']:.4f}"),
+    ]
+    top = res["coactivation"]["top_lift_pairs"]
+    if top:
+        p = top[0]
+        rows.append(("strongest co-activation", f"lift {p['lift']:.1f}",
+                     f"layer {p['layer']}, experts {p['experts'][0]}+{p['experts'][1]} ({p['count']:,.0f} tokens)"))
+    w = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        lines.append(f"  {name:<{w}}  {val:>8}  {note}")
+    if res["unavailable"]:
+        lines.append("  unavailable: " + "; ".join(f"{k} ({v})" for k, v in res["unavailable"].items()))
+    return "\n".join(lines)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from moeplace.analyse.summary import (
@@ -11,6 +10,7 @@ from moeplace.analyse.summary import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_WINDOW_TOKENS,
     analyse_trace,
+    format_summary,
 )
 from moeplace.io import atomic_write_json
 
@@ -21,47 +21,6 @@ The JSON keys are documented in docs/ANALYSIS.md (imbalance.max_over_mean, domai
 domain.classification_accuracy, prefill_decode.pearson, coactivation.top_pairs, ...); metrics a trace
 cannot give are null and explained under "unavailable".
 """
-
-
-def _f(v, fmt: str = "{:.3f}") -> str:
-    return "n/a" if v is None else fmt.format(v)
-
-
-def print_summary(res: dict, out=None) -> None:
-    """The short summary table printed by ``moeplace analyze``."""
-    out = sys.stdout if out is None else out  # resolved per call: sys.stdout may be swapped
-    m = res["meta"]
-    tag = "  [SYNTHETIC]" if m["synthetic"] else ""
-    nt = m["num_tokens"]
-    print(f"{m['model']}{tag}: {m['kind']} trace, L={m['num_layers']} E={m['num_experts']} k={m['top_k']}, "
-          f"{nt['total']:,.0f} tokens (prefill {nt['prefill']:,.0f}, decode {nt['decode']:,.0f}), "
-          f"{m['num_requests']:,} requests", file=out)
-    imb, dom, pd, tm, dr = res["imbalance"], res["domain"], res["prefill_decode"], res["temporal"], res["drift"]
-    mom = [v for v in imb["max_over_mean"] if v is not None]
-    rows = [
-        ("max/mean expert load", _f(imb["layer_mean"]["max_over_mean"], "{:.2f}"),
-         f"layers {min(mom):.2f} .. {max(mom):.2f}" if mom else ""),
-        ("Gini of expert load", _f(imb["layer_mean"]["gini"]), ""),
-        ("top-10% experts' share", _f(imb["layer_mean"]["top10_share"], "{:.1%}"), ""),
-        ("domain JS divergence (bits)", _f(dom["js_divergence_mean"], "{:.4f}"), ", ".join(dom["order"])),
-        ("domain classification", _f(dom["classification_accuracy"], "{:.1%}"),
-         "" if dom["classification"]["chance"] is None else f"majority baseline {dom['classification']['chance']:.1%}"),
-        ("prefill-decode Pearson", _f(pd["pearson_mean"]), f"{pd['num_requests']} requests"),
-        ("decode overlap with prev token", _f(tm["decode_overlap_mean"], "{:.1%}"),
-         f"random {tm['random_overlap']:.1%}"),
-        ("drift JS between windows", _f(dr["js_mean"], "{:.4f}"),
-         "" if dr["split_half_js_mean"] is None else f"split-half reference {dr['split_half_js_mean']:.4f}"),
-    ]
-    top = res["coactivation"]["top_lift_pairs"]
-    if top:
-        p = top[0]
-        rows.append(("strongest co-activation", f"lift {p['lift']:.1f}",
-                     f"layer {p['layer']}, experts {p['experts'][0]}+{p['experts'][1]} ({p['count']:,.0f} tokens)"))
-    w = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"  {name:<{w}}  {val:>8}  {note}", file=out)
-    if res["unavailable"]:
-        print("  unavailable: " + "; ".join(f"{k} ({v})" for k, v in res["unavailable"].items()), file=out)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -78,7 +37,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         from moeplace.report import write_report
 
         write_report(res, args.html)
-    print_summary(res)
+    print(format_summary(res))
     for what, p in (("json", args.json), ("html", args.html)):
         if p:
             print(f"  wrote {what}: {p}")

@@ -7,78 +7,17 @@ best locality plan and export it for SGLang and vLLM. Each stage is the same lib
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from moeplace.cli.trace_cmd import cmd_info
 from moeplace.data import default_trace_path
-from moeplace.io import atomic_write_json
-
-
-def _stage(n: int, title: str) -> float:
-    print(f"\n== [{n}/4] {title}", flush=True)
-    return time.perf_counter()
+from moeplace.demo import DemoConfig, run_demo
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from moeplace.analyse import analyse_trace
-    from moeplace.cli.analyze_cmd import print_summary
-    from moeplace.cli.plan_cmd import format_table, workload_from_path
-    from moeplace.placement import Cluster
-    from moeplace.plan import STRATEGIES, make_plan
-    from moeplace.plan.compare import compare
-    from moeplace.plan.export import export_plan
-    from moeplace.report import write_report
-    from moeplace.trace import read_meta, read_trace
-
-    trace = Path(args.trace) if args.trace else default_trace_path()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.parse(args.cluster)
-    names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
-    meta = read_meta(trace)
-    tag = " [SYNTHETIC]" if meta.synthetic else ""
-    print(f"moeplace demo on {trace}{tag}\nreports go to {out}/")
-
-    _stage(1, "trace")
-    cmd_info(argparse.Namespace(trace=str(trace), json=False))
-
-    t0 = _stage(2, "analyse: load imbalance, domains, prefill->decode, co-activation")
-    res = analyse_trace(trace, progress=not args.quiet)
-    atomic_write_json(res, out / "analysis.json", allow_nan=False)
-    write_report(res, out / "report.html")
-    print_summary(res)
-    print(f"  ({time.perf_counter() - t0:.1f} s) wrote {out / 'analysis.json'} and {out / 'report.html'}")
-
-    t0 = _stage(3, f"plan every strategy on a window, score on held-out requests ({cluster.spec()}, "
-                   f"{args.redundant} redundant slots per layer)")
-    tr = read_trace(trace)
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(f"  {msg} ...", flush=True)
-
-    cmp = compare(tr, cluster, args.redundant, names, holdout=args.holdout, seed=args.seed, progress=say)
-    atomic_write_json(cmp, out / "compare.json")
-    print(f"  planned on {cmp['planning_requests']} requests, scored on {cmp['held_out_requests']} held-out "
-          f"requests ({cmp['scored_tokens']} decode tokens)")
-    print(format_table(cmp))
-    print(f"  ({time.perf_counter() - t0:.1f} s) wrote {out / 'compare.json'}")
-
-    best = args.export_strategy
-    t0 = _stage(4, f"plan '{best}' on the whole trace and export it")
-    work, planned_on, info = workload_from_path(str(trace), None, 32)
-    plan = make_plan(best, work, cluster, args.redundant, planned_on=planned_on, seed=args.seed)
-    plan.save(out / f"{best}.plan.json")
-    export_plan(plan, "sglang", out / f"{best}.sglang.json", info.get("moe_layer_map"))
-    export_plan(plan, "vllm", out / f"{best}.vllm.json")
-    for f in (f"{best}.plan.json", f"{best}.sglang.json", f"{best}.vllm.json"):
-        print(f"  wrote {out / f}")
-    row = cmp["strategies"].get(best)
-    if row:
-        print(f"\n'{best}' on held-out requests: inter-node bytes {row['inter_node_bytes_vs_linear']:.2f}x linear, "
-              f"balancedness {row['balancedness']:.3f}  ({time.perf_counter() - t0:.1f} s)")
-    print(f"open {out / 'report.html'} in a browser for the figures")
+    cfg = DemoConfig(Path(args.trace) if args.trace else default_trace_path(), Path(args.out), args.cluster,
+                     args.redundant, tuple(args.strategies.split(",")) if args.strategies else (),
+                     args.export_strategy, args.holdout, args.seed, not args.quiet)
+    run_demo(cfg, say=lambda msg: print(msg, flush=True))
     return 0
 
 

@@ -9,16 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.cli import CliError
+from moeplace.evaluate import DEFAULT_PREFIX_TOKENS, format_table, run_compare
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
-from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan, workload_from_tokens
-from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
-from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR
-
-TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
-                 ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),
-                 ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
-                 ("plan_seconds", "plan s", "{:.2f}"))
+from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan
+from moeplace.plan.base import workload_from_trace
+from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS
 
 
 def read_load(path: str) -> np.ndarray:
@@ -63,24 +59,18 @@ def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) 
         raise CliError("give either a TRACE or --load LOAD.json")
     if load is not None:
         return Workload(read_load(load)), str(load), {}
-    from moeplace.trace import read_trace
-
-    t = read_trace(trace)
-    info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}
-    if t.tokens is None:
-        c = t.counts
-        return Workload(c.counts.sum(axis=0)), str(trace), info
-    tk = t.tokens
-    return workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens), \
-        str(trace), info
+    work, info = workload_from_trace(trace, prefix_tokens)
+    return work, str(trace), info
 
 
 def _params(args: argparse.Namespace) -> dict:
     kw = {"seed": args.seed}
     if getattr(args, "groups", None):
         kw["num_groups"] = args.groups
-    if getattr(args, "time_budget", None):
-        kw["time_budget"] = args.time_budget
+    if getattr(args, "search_evals", None) is not None:
+        kw["search_evals"] = args.search_evals
+    if getattr(args, "time_limit", None) is not None:
+        kw["time_limit"] = args.time_limit
     return kw
 
 
@@ -106,79 +96,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_table(result: dict) -> str:
-    head = f"{'strategy':<20}" + "".join(f"{h:>12}" for _, h, _ in TABLE_COLUMNS)
-    lines = [head, "-" * len(head)]
-    for name, row in result["strategies"].items():
-        cells = []
-        for key, _, fmt in TABLE_COLUMNS:
-            v = row.get(key)
-            if key == "max_per_peer_bytes" and v is not None:
-                v = v / 1e3
-            if key == "layer_time_s" and v is not None:
-                v = v * 1e6
-            cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
-        lines.append(f"{name:<20}" + "".join(cells))
-    return "\n".join(lines)
-
-
-def plot_frontier(frontier: dict, out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in frontier.items():
-        pts = sorted(pts, key=lambda p: p["balancedness"])
-        ax.plot([p["balancedness"] for p in pts], [p["inter_node_bytes_vs_linear"] for p in pts],
-                marker="o", label=name)
-    ax.set_xlabel("balancedness (held-out, mean/max GPU load)")
-    ax.set_ylabel("inter-node bytes / linear")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
-    from moeplace.plan.compare import compare
     from moeplace.trace import read_trace
 
     cluster = Cluster.parse(args.cluster)
     names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
     for n in names:
         get_strategy(n)
-    t = read_trace(args.trace)
-    kw = _params(args)
+    floors = [float(x) for x in args.sweep_floor.split(",")] if args.sweep_floor else None
+    if args.plot and not floors:
+        raise CliError("--plot draws the floor sweep: give --sweep-floor too")
 
     def say(msg: str) -> None:
         if not args.quiet:
             print(f"  {msg} ...", flush=True)
 
-    res = compare(t, cluster, args.redundant, names, args.holdout, args.split, args.seed, args.prefix_tokens,
-                  args.balance_floor, kw, progress=say)
-    if args.sweep_floor:
-        floors = [float(x) for x in args.sweep_floor.split(",")]
-        frontier: dict = {n: [] for n in names}
-        for n in names:
-            r = res["strategies"][n]
-            frontier[n].append({"balance_floor": None, "balancedness": r["balancedness"],
-                                "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
-        if "joint" in names:
-            frontier["joint"][0]["balance_floor"] = args.balance_floor
-            for f in floors:
-                say(f"sweep joint --balance-floor {f}")
-                r = compare(t, cluster, args.redundant, ["joint"], args.holdout, args.split, args.seed,
-                            args.prefix_tokens, f, kw)["strategies"]["joint"]
-                frontier["joint"].append({"balance_floor": f, "balancedness": r["balancedness"],
-                                          "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
-        res["frontier"] = frontier
-        if args.plot:
-            plot_frontier(frontier, args.plot)
+    res = run_compare(read_trace(args.trace), cluster, args.redundant, names, args.holdout, args.split, args.seed,
+                      args.prefix_tokens, args.balance_floor, _params(args), progress=say, arrival=args.arrival,
+                      floors=floors, plot=args.plot)
     print(f"{res['trace']} on {res['cluster']}, R={res['num_redundant']}: planned on {res['planning_requests']} "
-          f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens)")
+          f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens, "
+          f"arrival order: {res['arrival']})")
     print(format_table(res))
     if args.json:
         atomic_write_json(res, args.json)
@@ -208,8 +146,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "default 1 (global policy)")
     p.add_argument("--balance-floor", type=float, default=DEFAULT_BALANCE_FLOOR,
                    help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
-    p.add_argument("--time-budget", type=float, default=None, help="joint: seconds for its local searches "
-                   "(default 45)")
+    p.add_argument("--search-evals", type=int, default=None,
+                   help=f"joint: moves its local searches evaluate per layer (default {DEFAULT_SEARCH_EVALS}); the "
+                        "budget counts work, so the plan is the same on any machine")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="joint: optional wall-clock cap in seconds on its searches (off by default; a plan that hit "
+                        "it records so and is no longer reproducible)")
     p.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS,
                    help="requests without prefill use their first N decode tokens as the grouping signal "
                         f"(default {DEFAULT_PREFIX_TOKENS})")
@@ -250,6 +192,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--holdout", type=float, default=0.25, help="fraction of requests held out (default 0.25)")
     c.add_argument("--split", choices=("random", "ordered"), default="random",
                    help="held-out requests: a seeded random subset, or the last ones of the table (default random)")
+    c.add_argument("--arrival", choices=("table", "mixed"), default="table",
+                   help="arrival order of held-out requests, which decides micro-batches: the trace's table order, "
+                        "or a seeded mix of all kinds (default table)")
     c.add_argument("--sweep-floor", help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
     c.add_argument("--plot", help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
     c.add_argument("--json", help="write the results JSON here")

@@ -5,35 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from moeplace.trace.describe import format_trace_info
 from moeplace.trace.store import trace_info
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     info = trace_info(args.trace)
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    tag = " [SYNTHETIC]" if info["synthetic"] else ""
-    print(f"trace      {info['path']}{tag}")
-    print(f"model      {info['model']}  ({info['kind']}{'' if info['complete'] else ', INCOMPLETE'})")
-    print(f"shape      L={info['num_layers']} MoE layers, E={info['num_experts']} experts, k={info['top_k']}, "
-          f"shared={info['num_shared_experts']}, hidden={info['hidden_size']}")
-    print(f"requests   {info['num_requests']}  (sampling rate {info['sampling_rate']:g})")
-    nt = info["num_tokens"]
-    print(f"tokens     prefill {nt['prefill']:,}  decode {nt['decode']:,}")
-    doms = ", ".join(f"{d}: {n}" for d, n in info["domains"].items()) or "-"
-    print(f"domains    {doms}")
-    print(f"on disk    {_fmt_bytes(info['size_bytes'])} in {info['num_shards']} shard(s)")
-    if info["source"]:
-        print(f"source     {info['source']}")
+    print(json.dumps(info, indent=2) if args.json else format_trace_info(info))
     return 0
 
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from moeplace.trace.describe import format_trace_info
 from moeplace.trace.importers import FORMATS, import_trace
+from moeplace.trace.store import trace_info
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from moeplace.cli.trace_cmd import cmd_info
-
     options = {k: getattr(args, k) for k in ("limit", "model", "num_experts", "top_k", "hidden_size",
                                              "num_shared_experts")}
     options["weights"] = False if args.no_weights else None
     out = import_trace(args.format, args.src, args.out, overwrite=args.overwrite, **options)
     print(f"imported {args.src} ({args.format}) -> {out}")
-    return cmd_info(argparse.Namespace(trace=str(out), json=False))
+    print(format_trace_info(trace_info(out)))
+    return 0
 
 
 def register(tsub: argparse._SubParsersAction) -> None:

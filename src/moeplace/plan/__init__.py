@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.placement import Cluster, Placement, Plan
+from moeplace.plan.activation_clusters import plan_activation_clusters
 from moeplace.plan.base import StrategyResult, Workload, workload_from_tokens
-from moeplace.plan.clusters import plan_activation_clusters
 from moeplace.plan.eplb import plan_eplb
 from moeplace.plan.graph import plan_coactivation, plan_hypergraph
 from moeplace.plan.joint import plan_joint

@@ -12,6 +12,7 @@ placement is planned for (decode).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -176,3 +177,16 @@ def ideal_gpu_load(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.n
     np.add.at(cnt, (np.arange(L)[:, None], phy2log), 1)
     per_slot = np.take_along_axis(load / np.maximum(cnt, 1), phy2log, axis=1)  # [L, P]
     return per_slot.reshape(L, num_gpus, P // num_gpus).sum(axis=2)
+
+
+def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tuple[Workload, dict]:
+    """(workload, {"moe_layer_map", "model"}) of a trace directory: per-token rows when it has them, else the
+    counts-only load."""
+    from moeplace.trace.store import read_trace
+
+    t = read_trace(trace)
+    info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}
+    if t.tokens is None:
+        return Workload(t.counts.counts.sum(axis=0)), info
+    tk = t.tokens
+    return workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens), info

@@ -38,8 +38,8 @@ import time
 import numpy as np
 
 from moeplace.placement import Cluster
+from moeplace.plan.activation_clusters import pack_within_nodes, replica_load
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, request_expert_counts
-from moeplace.plan.clusters import pack_within_nodes, replica_load
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
 from moeplace.simulate import routing
 from moeplace.simulate.batching import DECODE_WINDOW_SHIFT

@@ -1,0 +1,159 @@
+"""Compare strategies: plan every strategy on one window of requests, score each with the simulator on another.
+
+Shape legend: T = token rows, L = MoE layers, K = top-k, E = experts, Rq = requests.
+
+Protocol (``moeplace compare``; the frontier sweep re-plans joint at several balance floors):
+
+1. Split the trace's requests into a planning window and a held-out window (``holdout`` fraction; ``random``
+   split with a seed, or ``ordered``: the last requests of the table are held out).
+2. Each request's *signal* rows are its prefill rows; a request without prefill (decode-only traces such as
+   gpt-oss-20b) uses its first ``prefix_tokens`` decode rows instead, which then stand for the prompt. Signal
+   rows are never scored.
+3. Every strategy plans on the planning window (:func:`moeplace.plan.make_plan`). Held-out requests get homes
+   from the plan's grouper (their signal rows, admitted in table order) when the strategy groups requests, else
+   round-robin in table order.
+4. The simulator replays the held-out window's decode rows (default replica rule, per-GPU dedup) for every plan;
+   ``inter_node_bytes_vs_linear`` divides by the linear placement (same redundant slots, round-robin homes) on
+   the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from moeplace.evaluate.score import planning_balance, score_plan, sim_metrics
+from moeplace.evaluate.windows import DEFAULT_PREFIX_TOKENS, split_windows
+from moeplace.placement import Cluster, Placement, Plan
+from moeplace.plan import STRATEGIES, get_strategy, make_plan
+from moeplace.trace.store import Trace, TraceMeta
+
+TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
+                 ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),
+                 ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
+                 ("plan_seconds", "plan s", "{:.2f}"))
+
+
+def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list[str] | None = None,
+            holdout: float = 0.25, split: str = "random", seed: int = 0,
+            prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
+            params: dict | None = None, progress: Callable[[str], None] | None = None,
+            arrival: str = "table") -> dict:
+    """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
+
+    arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
+    """
+    names = list(strategies or STRATEGIES)
+    for n in names:
+        get_strategy(n)
+    win = split_windows(trace, holdout, split, seed, prefix_tokens, arrival)
+    meta: TraceMeta = trace.meta
+    base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant), cluster,
+                     strategy="linear")
+    base = score_plan(base_plan, win)
+    base_bytes = base["inter_node_bytes"]["total"]
+    out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": cluster.spec(),
+                 "num_redundant": num_redundant, "holdout": holdout, "split": split, "seed": seed, "arrival": arrival,
+                 "prefix_tokens": prefix_tokens, "planning_requests": int(win.plan_work.num_requests),
+                 "held_out_requests": int(len(win.held.requests)),
+                 "scored_tokens": int(base["num_tokens"]), "strategies": {}}
+    for n in names:
+        kw = dict(params or {})
+        kw.setdefault("seed", seed)
+        if n == "joint" and balance_floor is not None:
+            kw["balance_floor"] = balance_floor
+        if progress:
+            progress(f"planning {n}")
+        t0 = time.perf_counter()
+        plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window", **kw)
+        row = sim_metrics(score_plan(plan, win), base_bytes)
+        row["plan_seconds"] = plan.plan_seconds
+        row["planning_balancedness"] = planning_balance(plan, win)
+        row["wall_seconds"] = time.perf_counter() - t0
+        out["strategies"][n] = row
+    return out
+
+
+def sweep_floor(trace: Trace, cluster: Cluster, num_redundant: int, result: dict, floors: list[float],
+                holdout: float = 0.25, split: str = "random", seed: int = 0,
+                prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
+                params: dict | None = None, progress: Callable[[str], None] | None = None,
+                arrival: str = "table") -> dict:
+    """The bytes-vs-balance frontier: every strategy of ``result`` (a :func:`compare` answer) as one point, and
+    joint (when compared) re-planned at each balance floor of ``floors``. Returns strategy -> list of points."""
+    frontier: dict = {}
+    for n, r in result["strategies"].items():
+        frontier[n] = [{"balance_floor": balance_floor if n == "joint" else None, "balancedness": r["balancedness"],
+                        "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]}]
+    if "joint" in frontier:
+        for f in floors:
+            if progress:
+                progress(f"sweep joint --balance-floor {f}")
+            r = compare(trace, cluster, num_redundant, ["joint"], holdout, split, seed, prefix_tokens, f, params,
+                        arrival=arrival)["strategies"]["joint"]
+            frontier["joint"].append({"balance_floor": f, "balancedness": r["balancedness"],
+                                      "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
+    return frontier
+
+
+def format_table(result: dict) -> str:
+    """The compare answer as a fixed-width text table, one row per strategy."""
+    head = f"{'strategy':<20}" + "".join(f"{h:>12}" for _, h, _ in TABLE_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for name, row in result["strategies"].items():
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            v = row.get(key)
+            if key == "max_per_peer_bytes" and v is not None:
+                v = v / 1e3
+            if key == "layer_time_s" and v is not None:
+                v = v * 1e6
+            cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
+        lines.append(f"{name:<20}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def plot_frontier(frontier: dict, out: str) -> None:
+    """Draw the frontier (held-out balancedness vs inter-node bytes / linear) to an image file ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moeplace.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in frontier.items():
+        pts = sorted(pts, key=lambda p: p["balancedness"])
+        ax.plot([p["balancedness"] for p in pts], [p["inter_node_bytes_vs_linear"] for p in pts],
+                marker="o", label=name)
+    ax.set_xlabel("balancedness (held-out, mean/max GPU load)")
+    ax.set_ylabel("inter-node bytes / linear")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format=out.rsplit(".", 1)[-1] if "." in out else "png")
+    plt.close(fig)
+    atomic_write_bytes(buf.getvalue(), out)
+
+
+def run_compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list[str] | None = None,
+                holdout: float = 0.25, split: str = "random", seed: int = 0,
+                prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
+                params: dict | None = None, progress: Callable[[str], None] | None = None,
+                arrival: str = "table", floors: list[float] | None = None, plot: str | None = None) -> dict:
+    """``moeplace compare``: :func:`compare`, then the frontier sweep over ``floors`` (stored under
+    ``"frontier"``) and its plot when asked."""
+    res = compare(trace, cluster, num_redundant, strategies, holdout, split, seed, prefix_tokens, balance_floor,
+                  params, progress, arrival)
+    if floors:
+        res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,
+                                      prefix_tokens, balance_floor, params, progress, arrival)
+        if plot:
+            plot_frontier(res["frontier"], plot)
+    elif plot:
+        raise ValueError("a frontier plot needs a floor sweep (--sweep-floor)")
+    return res

@@ -1,0 +1,127 @@
+"""Windows of requests: split a trace into a planning and a held-out window, and state the arrival order.
+
+Shape legend: T = token rows, L = MoE layers, K = top-k, E = experts, Rq = requests.
+
+- Split (``holdout`` fraction): ``random`` with a seed, or ``ordered`` (the last requests of the table are held out).
+- Signal rows: a request's prefill rows; a request without prefill (decode-only traces such as gpt-oss-20b) uses its
+  first ``prefix_tokens`` decode rows instead, which then stand for the prompt. Signal rows are never scored.
+- Arrival order of the held-out window (what shares a micro-batch, :mod:`moeplace.simulate.batching`): ``table``
+  keeps the trace's request order (a trace sorted by domain puts one domain in each micro-batch); ``mixed`` is a
+  seeded shuffle, as a serving engine mixes requests of all kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeplace.placement import Plan
+from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
+from moeplace.plan.grouping import Grouper
+from moeplace.trace.store import DECODE, Requests, Trace
+
+DEFAULT_PREFIX_TOKENS = 32
+ARRIVALS = ("table", "mixed")
+
+
+@dataclass
+class Windows:
+    """A trace split into a planning and a held-out window (in memory)."""
+
+    plan: Trace  # all rows of the planning requests
+    held: Trace  # all rows of the held-out requests
+    plan_work: Workload  # planning window as strategies see it
+    held_signal: np.ndarray  # bool [T_held]: signal rows of the held-out window
+
+
+def subset_trace(trace: Trace, request_ids: np.ndarray) -> Trace:
+    """In-memory trace of the given requests (request-table order kept)."""
+    req = trace.requests
+    keep = np.isin(req.request_id, request_ids)
+    r = Requests(req.request_id[keep], req.domain[keep], req.source[keep], req.prompt_len[keep], req.gen_len[keep])
+    tok = trace.tokens.select(np.isin(trace.tokens.request_id, request_ids))
+    return Trace(trace.meta, r, tok, None)
+
+
+def signal_rows(request_id: np.ndarray, phase: np.ndarray, prefix_tokens: int) -> np.ndarray:
+    """bool [T]: prefill rows, or a request's first ``prefix_tokens`` rows when it has no prefill."""
+    w = workload_from_tokens(request_id, phase, np.zeros((len(request_id), 1, 1), np.int16), 1, prefix_tokens)
+    return w.signal
+
+
+def reorder_requests(trace: Trace, order: np.ndarray) -> Trace:
+    """The same trace with its request table in ``order`` (int [Rq], a permutation): the arrival order that
+    decides micro-batches. Token rows are unchanged."""
+    req = trace.requests
+    o = np.asarray(order, np.int64)
+    if sorted(o.tolist()) != list(range(len(req))):
+        raise ValueError("reorder_requests: order must be a permutation of the request table")
+    r = Requests(req.request_id[o], req.domain[o], req.source[o], req.prompt_len[o], req.gen_len[o])
+    return Trace(trace.meta, r, trace.tokens, trace.counts)
+
+
+def split_windows(trace: Trace, holdout: float = 0.25, split: str = "random", seed: int = 0,
+                  prefix_tokens: int = DEFAULT_PREFIX_TOKENS, arrival: str = "table") -> Windows:
+    """Split a per-token trace into planning and held-out windows (see the module docstring); the held-out
+    request table is put in ``arrival`` order."""
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival must be one of {ARRIVALS}, got {arrival!r}")
+    if trace.tokens is None:
+        raise ValueError("compare needs a per-token trace; this trace is counts-only (plan it with "
+                         "'moeplace plan --strategy eplb' instead)")
+    if not 0.0 < holdout < 1.0:
+        raise ValueError(f"holdout must be in (0, 1), got {holdout}")
+    rid = trace.requests.request_id
+    present = np.isin(rid, np.unique(trace.tokens.request_id))
+    rid = rid[present]
+    n_held = int(round(len(rid) * holdout))
+    if n_held < 1 or n_held >= len(rid):
+        raise ValueError(f"holdout {holdout} leaves no requests in one window ({len(rid)} requests)")
+    if split == "random":
+        held_ids = np.random.default_rng(seed).choice(rid, n_held, replace=False)
+    elif split == "ordered":
+        held_ids = rid[-n_held:]
+    else:
+        raise ValueError(f"split must be 'random' or 'ordered', got {split!r}")
+    plan_ids = np.setdiff1d(rid, held_ids)
+    pt, ht = subset_trace(trace, plan_ids), subset_trace(trace, held_ids)
+    if arrival == "mixed":
+        ht = reorder_requests(ht, np.random.default_rng([seed, 1]).permutation(len(ht.requests)))
+    work = workload_from_tokens(pt.tokens.request_id, pt.tokens.phase, pt.tokens.expert_ids,
+                                trace.meta.num_experts, prefix_tokens)
+    hs = signal_rows(ht.tokens.request_id, ht.tokens.phase, prefix_tokens)
+    return Windows(pt, ht, work, hs)
+
+
+def scoring_trace(held: Trace, signal: np.ndarray) -> Trace:
+    """The held-out rows that are scored: decode rows that are not signal."""
+    m = (~signal) & (held.tokens.phase == DECODE)
+    return Trace(held.meta, held.requests, held.tokens.select(m), None)
+
+
+def plan_grouper(plan: Plan) -> Grouper | None:
+    """The grouper a plan carries for new requests, or None."""
+    g = getattr(plan, "grouper", None)
+    if g is None:
+        g = plan.extra.get("grouper")
+    if not g:
+        return None
+    return g if isinstance(g, Grouper) else Grouper.from_json(g)
+
+
+def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:
+    """Homes of the held-out requests: the plan's grouper on their signal rows (table order), else {} (round-robin)."""
+    grouper = plan_grouper(plan)
+    if grouper is None:
+        return {}
+    rid = held.requests.request_id
+    tk = held.tokens
+    pos = np.searchsorted(rid, tk.request_id[signal], sorter=np.argsort(rid))
+    order = np.argsort(rid)
+    idx = order[pos]
+    counts = request_expert_counts(idx, tk.expert_ids[signal], len(rid), held.meta.num_experts)
+    homes = grouper.assign(counts)
+    return {int(r): int(h) for r, h in zip(rid.tolist(), homes.tolist(), strict=True)}
+
+
