@@ -153,5 +153,5 @@ def test_workload_prefix_signal_for_decode_only_requests():
     phase = np.array([1, 1, 1, 0, 1, 1], np.int8)
     ids = np.zeros((6, 1, 1), np.int16)
     w = workload_from_tokens(rid, phase, ids, 2, prefix_tokens=2)
-    assert w.signal.tolist() == [True, True, False, True, False, False]
-    np.testing.assert_array_equal(w.load, load_from_tokens(ids[~w.signal], 2))
+    assert w.admission_rows.tolist() == [True, True, False, True, False, False]
+    np.testing.assert_array_equal(w.load, load_from_tokens(ids[~w.admission_rows], 2))

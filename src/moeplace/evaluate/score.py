@@ -43,7 +43,7 @@ def score_plan(plan: Plan, windows: Windows, cost: CostConfig | None = None,
 
 def planning_balance(plan: Plan, windows: Windows) -> float:
     """Balancedness of ``plan`` replayed by the simulator on the planning window's traffic rows, with its homes."""
-    tr = scoring_trace(windows.plan, windows.plan_work.signal)
+    tr = scoring_trace(windows.plan, windows.plan_work.admission_rows)
     ev = Plan(plan.placement, plan.cluster, plan.homes, plan.strategy)
     return simulate(tr, ev).decode.to_json()["balancedness"]["total"]
 

@@ -47,7 +47,7 @@ def subset_trace(trace: Trace, request_ids: np.ndarray) -> Trace:
 def signal_rows(request_id: np.ndarray, phase: np.ndarray, prefix_tokens: int) -> np.ndarray:
     """bool [T]: prefill rows, or a request's first ``prefix_tokens`` rows when it has no prefill."""
     w = workload_from_tokens(request_id, phase, np.zeros((len(request_id), 1, 1), np.int16), 1, prefix_tokens)
-    return w.signal
+    return w.admission_rows
 
 
 def reorder_requests(trace: Trace, order: np.ndarray) -> Trace:

@@ -131,4 +131,4 @@ def signal_features(work: Workload) -> np.ndarray:
     """float32 [Rq, D]: L2-normalised prefill (signal-row) activation vector of every request of the window."""
     if not work.has_tokens:
         raise ValueError("request grouping needs per-token routing (this input is a bare load matrix)")
-    return normalise_rows(work.request_counts("signal"))
+    return normalise_rows(work.request_counts("admission"))

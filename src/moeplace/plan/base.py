@@ -4,7 +4,7 @@ Shape legend: L = MoE layers, E = logical experts, K = top-k, P = physical slots
 N = nodes, G = GPUs per node, S = P / W slots per GPU, T = token rows, Rq = requests of the planning window.
 
 A strategy sees one planning window (:class:`Workload`): the expert load ``[L, E]`` always, and for per-token
-traces the routing of every token row of the window. Rows flagged ``signal`` are what a scheduler knows when the
+traces the routing of every token row of the window. Rows flagged ``admission_rows`` are what a scheduler knows when the
 request arrives (its prefill routing; for decode-only traces, the first few decode tokens, see
 :func:`workload_from_tokens`); the grouping of new requests uses only those. All other rows are the traffic the
 placement is planned for (decode).
@@ -31,7 +31,8 @@ class Workload:
     request_ids: np.ndarray | None = None  # int64 [Rq]: requests of the window (trace ids)
     token_request: np.ndarray | None = None  # int64 [T]: index into request_ids of each token row
     expert_ids: np.ndarray | None = None  # int16 [T, L, K]: routed experts, router order
-    signal: np.ndarray | None = None  # bool [T]: rows known at admission (prefill); used to group requests
+    admission_rows: np.ndarray | None = None  # bool [T]: rows known when a request is admitted (its prefill,
+    # or its first decode rows when it has none): what grouping may use; the other rows are traffic
 
     def __post_init__(self) -> None:
         load = np.asarray(self.load, np.float64)
@@ -44,7 +45,7 @@ class Workload:
             T = len(self.expert_ids)
             if self.expert_ids.ndim != 3 or self.expert_ids.shape[1] != load.shape[0]:
                 raise ValueError(f"expert_ids: expected shape [T, {load.shape[0]}, K], got {self.expert_ids.shape}")
-            for name in ("token_request", "signal"):
+            for name in ("token_request", "admission_rows"):
                 a = getattr(self, name)
                 if a is None or len(a) != T:
                     raise ValueError(f"{name}: expected {T} entries (one per token row)")
@@ -66,24 +67,24 @@ class Workload:
         return 0 if self.request_ids is None else len(self.request_ids)
 
     def traffic(self) -> tuple[np.ndarray, np.ndarray]:
-        """(token_request [Tt], expert_ids [Tt, L, K]) of the traffic rows (not signal); all rows if none are."""
+        """(token_request [Tt], expert_ids [Tt, L, K]) of the traffic rows (not admission rows), or all rows."""
         self._need_tokens("traffic")
-        m = ~self.signal
+        m = ~self.admission_rows
         if not m.any():
             m = np.ones_like(m)
         return self.token_request[m], self.expert_ids[m]
 
-    def request_counts(self, rows: str = "signal") -> np.ndarray:
-        """float32 [Rq, L, E]: per-request expert counts over ``rows`` ("signal", "traffic" or "all")."""
+    def request_counts(self, rows: str = "admission") -> np.ndarray:
+        """float32 [Rq, L, E]: per-request expert counts over ``rows`` ("admission", "traffic" or "all")."""
         self._need_tokens("request_counts")
-        if rows == "signal":
-            m = self.signal
+        if rows == "admission":
+            m = self.admission_rows
         elif rows == "traffic":
-            m = ~self.signal if (~self.signal).any() else np.ones_like(self.signal)
+            m = ~self.admission_rows if (~self.admission_rows).any() else np.ones_like(self.admission_rows)
         elif rows == "all":
-            m = np.ones_like(self.signal)
+            m = np.ones_like(self.admission_rows)
         else:
-            raise ValueError(f"rows: expected 'signal', 'traffic' or 'all', got {rows!r}")
+            raise ValueError(f"rows: expected 'admission', 'traffic' or 'all', got {rows!r}")
         return request_expert_counts(self.token_request[m], self.expert_ids[m], self.num_requests, self.num_experts)
 
     def _need_tokens(self, what: str) -> None:
@@ -131,7 +132,7 @@ def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: 
     """Build a Workload from token rows (request_id [T], phase [T] 0 prefill / 1 decode, expert_ids [T, L, K]).
 
     Signal rows are the prefill rows. A request with no prefill rows (decode-only traces such as gpt-oss-20b)
-    uses its first ``prefix_tokens`` decode rows (in row order) as its signal instead; those rows then stand for
+    uses its first ``prefix_tokens`` decode rows (in row order) as its admission rows instead; those rows then stand for
     the prompt and are not traffic. Rows are assumed to be in generation order within each request.
     """
     rid = np.asarray(request_id, np.int64)

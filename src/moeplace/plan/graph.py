@@ -21,30 +21,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from moeplace.analyse.stats import coactivation_counts
 from moeplace.placement import Cluster
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
 
 MAX_HYPEREDGES = 200_000  # distinct expert sets kept per layer (the heaviest); bounds partitioning time
 
 
-def coactivation_counts(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """int64 [L, E, E]: symmetric counts of expert pairs inside one token's top-k, per layer (zero diagonal).
+def pair_graph(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """int64 [L, E, E]: edge weights of the co-activation graph, per layer: tokens selecting both experts
+    (:func:`moeplace.analyse.stats.coactivation_counts`) with the diagonal cleared (no self-loops).
 
     expert_ids: int [T, L, K].
     """
-    T, L, K = expert_ids.shape
-    E = num_experts
-    ids = expert_ids.astype(np.int64)
-    out = np.zeros(L * E * E, np.int64)
-    base = (np.arange(L) * E * E)[None, :]
-    for i in range(K):
-        for j in range(i + 1, K):
-            a, b = ids[:, :, i], ids[:, :, j]
-            out += np.bincount((base + a * E + b).ravel(), minlength=L * E * E)
-            out += np.bincount((base + b * E + a).ravel(), minlength=L * E * E)
-    out = out.reshape(L, E, E)
-    out[:, np.arange(E), np.arange(E)] = 0
-    return out
+    co = coactivation_counts(expert_ids, num_experts)
+    co[:, np.arange(num_experts), np.arange(num_experts)] = 0
+    return co
 
 
 def fill_slots(part: np.ndarray, load: np.ndarray, num_gpus: int, slots_per_gpu: int,
@@ -143,7 +135,7 @@ def plan_coactivation(work: Workload, cluster: Cluster, num_redundant: int, seed
     """Registry adapter: METIS on each layer's co-activation graph, parts -> GPUs, then :func:`fill_slots`."""
     P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     _, ids = work.traffic()
-    co = coactivation_counts(ids, work.num_experts)
+    co = pair_graph(ids, work.num_experts)
     W = cluster.world_size
     part = np.stack([_metis_two_level(co[layer], work.load[layer], cluster, seed) for layer in range(work.num_layers)])
     return StrategyResult(fill_slots(part, work.load, W, S, affinity=co), extra={"seed": seed})
@@ -218,7 +210,7 @@ def plan_hypergraph(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     _, ids = work.traffic()
     W = cluster.world_size
     extra: dict = {"seed": seed}
-    co = coactivation_counts(ids, work.num_experts)
+    co = pair_graph(ids, work.num_experts)
     if _mtkahypar() is None:
         extra["fallback"] = "mtkahypar could not be imported or initialised; used METIS on the co-activation graph"
         part = np.stack([_metis_two_level(co[layer], work.load[layer], cluster, seed)

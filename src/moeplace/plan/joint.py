@@ -275,7 +275,7 @@ def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | No
     over ``layers`` (None: all)."""
     pos = np.full(work.num_requests, -1, np.int64)
     pos[requests] = np.arange(len(requests))
-    m = work.signal & (pos[work.token_request] >= 0)
+    m = work.admission_rows & (pos[work.token_request] >= 0)
     ids = work.expert_ids[m] if layers is None else work.expert_ids[m][:, layers, :]
     counts = request_expert_counts(pos[work.token_request[m]], ids, len(requests), work.num_experts)
     return normalise_rows(counts)
@@ -289,7 +289,7 @@ def assign_all(grouper: Grouper, work: Workload, chunk: int = 8192) -> np.ndarra
     from moeplace.plan.grouping import assign_rounds
 
     Rq = work.num_requests
-    rows = np.flatnonzero(work.signal)
+    rows = np.flatnonzero(work.admission_rows)
     tr = work.token_request[rows]
     order = np.argsort(tr, kind="stable")
     rows, tr = rows[order], tr[order]
@@ -416,7 +416,7 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
     starts = np.concatenate([[0], np.cumsum(np.bincount(tr, minlength=work.num_requests))[:-1]])
     rank = np.empty(len(tr), np.int64)
     rank[order] = np.arange(len(tr)) - starts[tr[order]]
-    m = ~work.signal if (~work.signal).any() else np.ones(len(tr), bool)
+    m = ~work.admission_rows if (~work.admission_rows).any() else np.ones(len(tr), bool)
     if requests is not None:
         m &= np.isin(tr, requests)
     mb = ((tr[m].astype(np.int64) // decode_batch) << DECODE_WINDOW_SHIFT) | rank[m]

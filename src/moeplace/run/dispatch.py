@@ -62,7 +62,7 @@ class TrafficRecorder:
         return out
 
 
-class NullRecorder(TrafficRecorder):
+class NullTrafficRecorder(TrafficRecorder):
     """A recorder that records nothing (instrumentation off)."""
 
     def __init__(self, world_size: int = 0) -> None:
@@ -146,7 +146,7 @@ class Dispatcher:
         self.rank, self.world_size, self.G, self.S = rank, world_size, gpus_per_node, slots_per_gpu
         self.two_hop = two_hop
         self.group = group
-        self.recorder = recorder if recorder is not None else NullRecorder(world_size)
+        self.recorder = recorder if recorder is not None else NullTrafficRecorder(world_size)
 
     # -- exchanges
     def _exchange_counts(self, send_splits: list[int], device: torch.device) -> list[int]:

@@ -57,7 +57,7 @@ OLMOE_DOMAINS = {"github": "code", "tulu": "chat", "arxiv": "general", "book": "
 
 
 @dataclass(frozen=True)
-class ModelPreset:
+class KnownModel:
     """What the importers know about a model whose dumps do not say it."""
 
     model: str  # Hugging Face name
@@ -68,12 +68,12 @@ class ModelPreset:
     num_shared_experts: int = 0
 
 
-GPT_OSS_20B = ModelPreset("openai/gpt-oss-20b", 24, 32, 4, 2880)
+GPT_OSS_20B = KnownModel("openai/gpt-oss-20b", 24, 32, 4, 2880)
 OLMOE_MODELS = {  # <model>.npz stem in olmoe-mixtral/ -> preset
-    "olmoe": ModelPreset("allenai/OLMoE-1B-7B-0924", 16, 64, 8, 2048),
-    "olmoe-sft": ModelPreset("allenai/OLMoE-1B-7B-0924-SFT", 16, 64, 8, 2048),
-    "olmoe-dpo": ModelPreset("allenai/OLMoE-1B-7B-0924-Instruct", 16, 64, 8, 2048),
-    "mistral": ModelPreset("mistralai/Mixtral-8x7B-v0.1", 32, 8, 2, 4096),
+    "olmoe": KnownModel("allenai/OLMoE-1B-7B-0924", 16, 64, 8, 2048),
+    "olmoe-sft": KnownModel("allenai/OLMoE-1B-7B-0924-SFT", 16, 64, 8, 2048),
+    "olmoe-dpo": KnownModel("allenai/OLMoE-1B-7B-0924-Instruct", 16, 64, 8, 2048),
+    "mistral": KnownModel("mistralai/Mixtral-8x7B-v0.1", 32, 8, 2, 4096),
 }
 OLMOE_STORED_LAYERS = [0, 7, 15]  # model layers kept in the OLMoE repository's routing_output arrays
 
