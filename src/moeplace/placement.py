@@ -215,7 +215,8 @@ class Plan:
     cluster: Cluster
     homes: dict[int, int] = field(default_factory=dict)  # request_id -> home GPU; unlisted -> round-robin
     strategy: str = "linear"
-    plan_seconds: float = 0.0  # seconds spent inside the strategy itself
+    plan_seconds: float = 0.0  # seconds spent inside the strategy (in memory only: a plan's JSON is a function of
+    # its inputs, so timings are never written into it)
     planned_on: str = ""  # the trace or load file the plan was made from
     extra: dict = field(default_factory=dict)  # strategy parameters and diagnostics
 
@@ -253,7 +254,6 @@ class Plan:
             "num_slots": self.placement.num_slots,
             "phy2log": self.placement.phy2log.tolist(),
             "homes": {str(k): int(v) for k, v in sorted(self.homes.items())},
-            "plan_seconds": float(self.plan_seconds),
             "planned_on": self.planned_on,
             "extra": self.extra,
         }
