@@ -85,8 +85,8 @@ def least_loaded(cand_gpu, cand_ok, layer, e, fi, load, base):
 
 
 @njit(cache=True, nogil=True)
-def assign_kernel(ex, home, route, static_slot, cand_slot, cand_gpu, cand_ok, slot_gpu, W, load):
-    """Slots [T, K] of one micro-batch in layer 0; route[fi] < 0 marks a least-loaded choice; updates load [W]."""
+def assign_kernel(ex, home, serve, serve_slot, cand_slot, cand_gpu, cand_ok, slot_gpu, W, load):
+    """Slots [T, K] of one micro-batch in layer 0; serve[fi] < 0 marks a least-loaded choice; updates load [W]."""
     T, K = ex.shape
     out = np.empty((T, K), np.int64)
     for t in range(T):
@@ -94,10 +94,10 @@ def assign_kernel(ex, home, route, static_slot, cand_slot, cand_gpu, cand_ok, sl
         for k in range(K):
             e = ex[t, k]
             fi = e * W + h
-            if route[fi] < 0:
+            if serve[fi] < 0:
                 p = cand_slot[0, e, least_loaded(cand_gpu, cand_ok, 0, e, fi, load, 0)]
             else:
-                p = static_slot[fi]
+                p = serve_slot[fi]
             out[t, k] = p
             load[slot_gpu[p]] += 1
     return out
@@ -164,12 +164,12 @@ def counts_and_clear(X, node, G, tot, out, col, own):
 
 
 @njit(cache=True, nogil=True)
-def microbatch_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b,
+def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b,
                       local, nlocal, l0, l1):
     """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
 
     ids: int16 [T, L, K]; rows: int64 [n] rows of ids grouped by micro-batch (trace order inside), micro-batch b
-    being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows. route: int16 [L*E*W] GPU of
+    being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows. serve: int16 [L*E*W] GPU of
     each (layer, expert, home), -1 where least-loaded must choose; node: int64 [W] node of each GPU (a table: a
     64-bit division costs more than the rest of a pair).
 
@@ -220,7 +220,7 @@ def microbatch_kernel(ids, rows, home, starts, route, cand_gpu, cand_ok, node, G
                         e = np.int64(flat[ib + k])
                         if e < 0 or e >= E:
                             return rows[t]
-                        g = np.int64(route[rb + e * W + h])
+                        g = np.int64(serve[rb + e * W + h])
                         if g < 0:
                             g = cand_gpu[layer, e, least_loaded(cand_gpu, cand_ok, layer, e, rb + e * W + h, lf, lb)]
                         lf[lb + g] += 1

@@ -66,7 +66,7 @@ class _Ctx:
     cost: CostConfig
     batching: BatchConfig
     plan: Plan
-    route: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
+    serve: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
     node: np.ndarray | None = None  # int64 [W] node of each GPU
 
     def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray) -> dict[str, np.ndarray]:
@@ -201,7 +201,7 @@ class _PhaseAcc:
             self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
         bad = kernels.by_layers(kernels.microbatch_kernel, L, np.ascontiguousarray(ids, np.int16),
                                 np.ascontiguousarray(rows[order]), np.ascontiguousarray(home[order], np.int64),
-                                starts, ctx.route, ctx.tab.cand_gpu, ctx.tab.cand_ok, ctx.node, ctx.G, loads,
+                                starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, ctx.node, ctx.G, loads,
                                 counts["per_gpu"], counts["two_hop"],
                                 self.sends["per_gpu"], self.node_sends, self.local, self.node_local)
         if max(bad) >= 0:
