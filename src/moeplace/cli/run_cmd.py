@@ -124,9 +124,9 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
     except NetnsError as e:
         print(f"moeplace cluster down: error: {e}", file=sys.stderr)
         return 1
-    what = "orphaned clusters" if args.stale else args.name
-    print(f"moeplace cluster down: removed {', '.join(removed)}" if removed
-          else f"moeplace cluster down: nothing to remove for {what}", file=sys.stderr)
+    nothing = "no orphaned cluster to remove" if args.stale else f"nothing to remove for {args.name}"
+    print(f"moeplace cluster down: removed {', '.join(removed)}" if removed else f"moeplace cluster down: {nothing}",
+          file=sys.stderr)
     return 0
 
 

@@ -190,28 +190,44 @@ def cluster_lock(name: str, shared: bool = False, wait: float = 0.0) -> Iterator
     """Hold the lock of cluster ``name`` for a ``with`` block: exclusive to change it, ``shared`` to run on it.
 
     The lock is an ``flock`` on ``STATE_DIR/NAME.lock``, so the kernel drops it when its holder dies, however it
-    dies. Waits up to ``wait`` seconds, then raises :class:`ClusterBusy` naming the holders.
+    dies. Waits up to ``wait`` seconds, then raises :class:`ClusterBusy` naming the holders. :func:`cluster_down`
+    deletes the file under the lock; a waiter that then gets the old file's lock sees it is no longer the one at
+    the path and starts over.
     """
     _check_name(name)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     path = _lock_file(name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    deadline = time.monotonic() + wait
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                pids = [p for p in _lock_holders(path) if p != os.getpid()]
+                who = f" (pid {', '.join(map(str, pids))})" if pids else ""
+                raise ClusterBusy(f"cluster {name} is busy: another moeplace process{who} is bringing it up, "
+                                  f"taking it down or running on it; try again when it has finished") from None
+            time.sleep(0.05)
+            continue
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)  # we locked a file cluster_down has just deleted: take the one at the path now
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    pids = [p for p in _lock_holders(path) if p != os.getpid()]
-                    who = f" (pid {', '.join(map(str, pids))})" if pids else ""
-                    raise ClusterBusy(f"cluster {name} is busy: another moeplace process{who} is bringing it up, "
-                                      f"taking it down or running on it; try again when it has finished") from None
-                time.sleep(0.05)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _drop_lock_file(name: str) -> None:
+    """Delete the lock file of a cluster that no longer exists; call with its exclusive lock held."""
+    if not list_namespaces(name) and not _state_file(name).exists():
+        _lock_file(name).unlink(missing_ok=True)
 
 
 def _check_name(name: str) -> None:
@@ -332,7 +348,9 @@ def cluster_down(name: str = "moeplace", wait: float = 0.0) -> list[str]:
     Raises :class:`ClusterBusy` when another process still holds the cluster's lock after ``wait`` seconds.
     """
     with cluster_lock(name, wait=wait):
-        return _cluster_down_locked(name)
+        removed = _cluster_down_locked(name)
+        _drop_lock_file(name)
+        return removed
 
 
 def _cluster_down_locked(name: str) -> list[str]:
@@ -393,6 +411,7 @@ def remove_stale() -> list[str]:
             with cluster_lock(name):
                 if _is_stale(name):
                     removed += _cluster_down_locked(name)
+                _drop_lock_file(name)  # also the lock of a name whose cluster is long gone
         except (ValueError, ClusterBusy):
             continue
     if shutil.which("ip") is not None:
