@@ -158,7 +158,7 @@ def test_memory_the_ranks_would_need_is_checked_before_they_start(tiny, no_spawn
     assert rc == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "GiB" in line and "--hidden" in line
-    # the same with an explicit budget through the library: a small layer fits 1 GiB per rank, a big one not
+    # through the library with an explicit budget: 4 ranks x (8 experts x 2 x 4096^2 float32 + base) > 4 GiB
     opts = RunEpOptions(trace, plan, "2x2", hidden=4096, ffn=4096)
     with pytest.raises(ValueError, match="would need about"):
         run_ep(opts, memory_budget=4 << 30)
