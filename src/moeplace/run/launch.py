@@ -7,12 +7,14 @@ optionally prefixed with ``ip netns exec NS`` so the ranks of one emulated node 
 
 Failure handling: the parent polls every rank; the first that exits non-zero makes :func:`launch` kill every
 rank's process group and raise :class:`RankFailed` naming it (exit code and the tail of its stderr). A timeout or
-Ctrl-C also kills them all, so no rank outlives the call.
+Ctrl-C also kills them all, so no rank outlives the call. If the parent itself dies (``kill -9``), every rank
+gets SIGKILL from the kernel: the first thing a rank does is :func:`die_with_parent`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import pickle
 import signal
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 INJECTED_FAILURE_EXIT = 17  # exit code of a rank killed by ``fail_rank`` (tests)
+PARENT_PID_ENV = "MOEPLACE_RANK_PARENT_PID"  # set for each rank: the launcher's pid, checked by die_with_parent
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+ORPHAN_EXIT = 70  # exit code of a rank that found its launcher already gone
 
 
 class RankFailed(RuntimeError):
@@ -56,6 +61,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Have the kernel SIGKILL this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``); exit at
+    once with :data:`ORPHAN_EXIT` when the parent is already gone, i.e. ``os.getppid() != parent_pid`` (it died
+    between our fork and this call). Call it first thing in a child process. No-op off Linux.
+
+    The kernel sends the signal when the *thread* that forked us ends, so the launcher starts and waits for its
+    ranks in one thread (:func:`launch` does); the setting survives ``exec`` (``ip netns exec`` execs the rank).
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(ORPHAN_EXIT)
 
 
 def _resolve(target: str) -> Callable[..., Any]:
@@ -120,7 +142,8 @@ def launch(target: str, world_size: int, kwargs: dict[str, Any] | None = None, *
                    netns=list(netns) if netns is not None else [None] * world_size)
         (job_dir / "job.pkl").write_bytes(pickle.dumps(job))
         base_env = {**os.environ, **(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                    "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"}
+                    "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1",
+                    PARENT_PID_ENV: str(os.getpid())}
         if socket_ifname:
             base_env["GLOO_SOCKET_IFNAME"] = socket_ifname
         procs: list[subprocess.Popen] = []
@@ -194,6 +217,8 @@ def _worker(job_dir: Path, rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent = os.environ.get(PARENT_PID_ENV)
+    die_with_parent(int(parent) if parent else None)  # before the slow imports: a rank never outlives its launcher
     ap = argparse.ArgumentParser(prog="python -m moeplace.run.launch", description="internal: one rank process")
     ap.add_argument("--worker", nargs=2, metavar=("JOB_DIR", "RANK"), required=True)
     a = ap.parse_args(argv)

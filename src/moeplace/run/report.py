@@ -1,0 +1,282 @@
+"""``run-ep`` as a library call: check everything, run the layer, report measured next to predicted.
+
+Shape legend: W = ranks, L = MoE layers, E = logical experts, K = top-k, H = hidden size, F = expert intermediate
+size, T = tokens of one micro-batch, M = micro-batches.
+
+:func:`run_ep` is the one entry point: :func:`prepare_run` checks the options, the plan, the trace, the window,
+the output path and the memory the ranks will need before any process starts; :func:`execute` runs the
+micro-batches in W rank processes (plain, on a private emulated cluster, or on one brought up by
+``moeplace cluster up``); :func:`build_report` puts the measured bytes and time beside the simulator's prediction
+for the same micro-batches. Every check raises ValueError naming the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moeplace.io import atomic_write_json
+from moeplace.placement import Cluster, Plan
+from moeplace.run.netns import EmulatedCluster, cluster_lock, emulated_cluster, load_cluster
+from moeplace.run.replay import (
+    DTYPES,
+    MicroBatch,
+    ReplayConfig,
+    ReplayResult,
+    batches_from_window,
+    check_batches,
+    predict,
+    replay,
+    select_window,
+    summarize,
+)
+from moeplace.simulate import DEFAULT_RULE, RULES, BatchConfig
+from moeplace.trace.store import PHASES, Trace, read_trace
+
+_DEFAULTS = ReplayConfig()
+
+# Accepted range of each numeric option, inclusive: (low, high). The CLI's argument types use the same table.
+LIMITS: dict[str, tuple[float, float]] = {
+    "hidden": (1, 65536),  # H: the largest published models use 7168-16384
+    "ffn": (1, 65536),  # F
+    "batch_tokens": (1, 1 << 20),
+    "microbatches": (1, 100_000),
+    "skip": (0, 10_000_000),
+    "repeats": (1, 1000),
+    "timeout": (1e-3, 7 * 86400.0),  # seconds
+    "inter_gbit": (1e-3, 400.0),  # Gbit/s per node link
+    "inter_delay_ms": (1e-3, 10_000.0),
+}
+RANK_BASE_BYTES = 400 << 20  # what one rank process holds before any tensor (torch, gloo), measured on CPU
+MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and ".tmp" to the name (limit 255)
+
+
+class ReportWriteError(OSError):
+    """The run finished but its report could not be written; ``report`` holds it, so nothing is lost."""
+
+    def __init__(self, path: Path, cause: OSError, report: dict[str, Any]) -> None:
+        self.path, self.report = path, report
+        super().__init__(cause.errno, f"could not write the report to {path}: {cause.strerror or cause}")
+
+
+@dataclass(frozen=True)
+class RunEpOptions:
+    """What to replay, on what, and where the report goes; checked on construction (ranges in :data:`LIMITS`)."""
+
+    trace: Path  # per-token trace directory
+    plan: Path  # plan JSON
+    cluster: str  # "NxG", must equal the plan's cluster
+    hidden: int = _DEFAULTS.hidden  # H of the emulated layer
+    ffn: int | None = _DEFAULTS.ffn  # F (None: = hidden)
+    dtype: str = _DEFAULTS.dtype  # element type of hidden vectors
+    batch_tokens: int = 256  # the simulator's micro-batch size: decode requests per window, prefill token budget
+    phase: str = "decode"  # which micro-batches
+    microbatches: int = 8  # how many whole micro-batches to replay
+    skip: int = 0  # micro-batches of the phase skipped first
+    repeats: int = _DEFAULTS.repeats  # timed repeats
+    two_hop: bool = _DEFAULTS.two_hop  # per-node dedup with forwarding inside the node
+    rule: str = DEFAULT_RULE  # replica rule
+    timeout: float = _DEFAULTS.timeout  # seconds before the ranks are stopped
+    emulate: bool = False  # run on a private emulated cluster (one network namespace per node)
+    inter_gbit: float | None = None  # with emulate: each node's link rate, Gbit/s
+    inter_delay_ms: float | None = None  # with emulate: one-way inter-node delay, ms
+    netns: str | None = None  # run on the cluster `moeplace cluster up --name NETNS` brought up
+    json_out: Path | None = None  # write the report here (None: the caller prints it)
+    fail_rank: int | None = None  # test hook: that rank exits right after joining the group
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in LIMITS.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            integral = isinstance(lo, int) and isinstance(hi, int)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)) \
+                    or not lo <= v <= hi:
+                kind = "an integer" if integral else "a number"
+                raise ValueError(f"{name} must be {kind} in [{lo:g}, {hi:g}], got {v!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.phase not in PHASES:
+            raise ValueError(f"phase {self.phase!r}: expected one of {PHASES}")
+        if self.rule not in RULES:
+            raise ValueError(f"replica rule {self.rule!r}: expected one of {RULES}")
+        if self.emulate and self.netns:
+            raise ValueError("--emulate builds a private cluster and --netns uses an existing one; "
+                             "give one of them")
+        for flag, v in (("--inter-gbit", self.inter_gbit), ("--inter-delay-ms", self.inter_delay_ms)):
+            if v is not None and not self.emulate:
+                raise ValueError(f"{flag} shapes the private cluster of --emulate and does nothing without "
+                                 f"it (a --netns cluster is shaped by 'moeplace cluster up {flag}')")
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """Everything :func:`prepare_run` checked, ready for :func:`execute`."""
+
+    plan: Plan
+    window: Trace  # the replayed tokens (full request table), for the simulator's prediction
+    batches: list[MicroBatch]  # M micro-batches
+    config: ReplayConfig
+    batching: BatchConfig
+
+
+def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
+    """Raise ValueError unless a file can be written at ``path``: not a directory, its name not too long, and the
+    nearest existing folder above it a writable directory (missing folders are created at write time)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a directory; expected a file path such as {p / 'run.json'}")
+    if not p.name or len(os.fsencode(p.name)) > MAX_OUTPUT_NAME_BYTES:
+        raise ValueError(f"{what} {p}: the file name must be 1-{MAX_OUTPUT_NAME_BYTES} bytes long")
+    parent = p.parent
+    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what} {p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {p}: no permission to write in {parent}")
+    return p
+
+
+def rank_memory_bytes(num_experts: int, top_k: int, max_tokens: int, total_tokens: int, cfg: ReplayConfig) -> int:
+    """Host memory one rank needs, roughly: the expert table (float32 as drawn, plus the cast copy), the hidden
+    vectors of the window, the largest exchange's buffers, and :data:`RANK_BASE_BYTES`. An upper estimate."""
+    H, F, b = cfg.hidden, cfg.ffn or cfg.hidden, cfg.bytes_per_element
+    table = num_experts * (2 * H * F + H) * (4 + (0 if b == 4 else b))
+    window = total_tokens * H * (4 + b)
+    exchange = max_tokens * top_k * (H * (3 * b + 4) + F * 4)  # rows sent, received, expert in/out per row
+    return RANK_BASE_BYTES + table + window + exchange
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo, None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> PreparedRun:
+    """Everything checked before a process starts: output path, plan, cluster, trace, window, fail_rank and the
+    memory W ranks will need (``memory_budget`` bytes; None: 80% of MemAvailable). Raises ValueError naming what
+    does not fit."""
+    if opts.json_out is not None:
+        check_output_path(opts.json_out, "--json")
+    plan = Plan.load(opts.plan)
+    cluster = Cluster.parse(opts.cluster)
+    if cluster.spec() != plan.cluster.spec():
+        raise ValueError(f"--cluster {cluster.spec()} does not match the plan's cluster {plan.cluster.spec()} "
+                         f"({opts.plan})")
+    W = plan.cluster.world_size
+    if opts.fail_rank is not None and not 0 <= opts.fail_rank < W:
+        raise ValueError(f"fail_rank {opts.fail_rank}: expected a rank in [0, {W})")
+    trace = read_trace(opts.trace)
+    meta, pl = trace.meta, plan.placement
+    if (pl.num_layers, pl.num_experts) != (meta.num_layers, meta.num_experts):
+        raise ValueError(f"plan {opts.plan} does not fit trace {opts.trace}: the plan places L={pl.num_layers} "
+                         f"layers x E={pl.num_experts} experts, the trace has L={meta.num_layers} x "
+                         f"E={meta.num_experts}")
+    cfg = ReplayConfig(hidden=opts.hidden, ffn=opts.ffn, dtype=opts.dtype, two_hop=opts.two_hop,
+                       repeats=opts.repeats, timeout=opts.timeout)
+    batching = BatchConfig(decode_batch=opts.batch_tokens, prefill_tokens=opts.batch_tokens)
+    sub, rows = select_window(trace, plan, batching, opts.phase, opts.microbatches, opts.skip)
+    batches = batches_from_window(sub, rows, plan, opts.rule)
+    check_batches(plan, batches)
+    sizes = [len(b) for b in batches]
+    need = W * rank_memory_bytes(pl.num_experts, meta.top_k, max(sizes, default=0), sum(sizes), cfg)
+    if memory_budget is None:
+        avail = available_memory_bytes()
+        memory_budget = None if avail is None else int(0.8 * avail)
+    if memory_budget is not None and need > memory_budget:
+        raise ValueError(f"{W} ranks would need about {need / 2**30:.1f} GiB (E={pl.num_experts} experts "
+                         f"of H={cfg.hidden} x F={cfg.ffn or cfg.hidden}, {sum(sizes)} tokens), more than the "
+                         f"{memory_budget / 2**30:.1f} GiB available; lower --hidden, --ffn, --microbatches or "
+                         f"--batch-tokens")
+    return PreparedRun(plan, sub, batches, cfg, batching)
+
+
+def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, EmulatedCluster | None]:
+    """Run the prepared micro-batches in W rank processes where ``opts`` says; returns the result and the emulated
+    cluster it ran on (None: plain, on the host's loopback). Raises RankFailed, TimeoutError, NetnsError, or
+    ClusterBusy when a ``--netns`` cluster is being changed."""
+    plan = prep.plan
+    N, G = plan.cluster.num_nodes, plan.cluster.gpus_per_node
+    if opts.netns:
+        with cluster_lock(opts.netns, shared=True):  # nobody rebuilds or removes it under the run
+            emu = load_cluster(opts.netns)
+            if emu is None:
+                raise ValueError(f"--netns {opts.netns}: no such emulated cluster is up "
+                                 f"(moeplace cluster up --name {opts.netns} ...)")
+            if (emu.num_nodes, emu.gpus_per_node) != (N, G):
+                raise ValueError(f"--netns {opts.netns} is {emu.num_nodes}x{emu.gpus_per_node}, the plan needs "
+                                 f"{N}x{G}")
+            return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank, **emu.launch_kwargs()), emu
+    if opts.emulate:
+        with emulated_cluster(N, G, opts.inter_gbit, opts.inter_delay_ms) as emu:
+            return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank, **emu.launch_kwargs()), emu
+    return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank), None
+
+
+def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, emu: EmulatedCluster | None,
+                 backend: str) -> dict[str, Any]:
+    """The run-ep JSON: the measured bytes and time (:func:`moeplace.run.replay.summarize`), the simulator's
+    prediction for the same micro-batches (``predicted``), and whether the bytes agree (``bytes_match_simulator``).
+    """
+    plan, cfg = prep.plan, prep.config
+    measured = summarize(result)
+    sim = predict(prep.window, plan, cfg, prep.batching, opts.rule).all.to_json()
+    pre = "two_hop_" if cfg.two_hop else ""
+    predicted = {k: sim[pre + k] for k in ("inter_node_bytes", "intra_node_bytes", "layer_time_s", "comm_time_s",
+                                           "traffic_matrix_bytes")}
+    return {
+        "trace": str(opts.trace), "plan": str(opts.plan), "strategy": plan.strategy, "cluster": plan.cluster.spec(),
+        "emulation": None if emu is None else {"mode": emu.mode, "name": emu.name, "inter_gbit": emu.inter_gbit,
+                                               "inter_delay_ms": emu.inter_delay_ms,
+                                               "delay_applied": emu.delay_applied, "note": emu.note},
+        "backend": backend,
+        "config": {"hidden": cfg.hidden, "ffn": cfg.ffn or cfg.hidden, "dtype": cfg.dtype,
+                   "bytes_per_element": cfg.bytes_per_element, "two_hop": cfg.two_hop, "repeats": cfg.repeats,
+                   "rule": opts.rule, "batch_tokens": opts.batch_tokens},
+        "window": {"phase": opts.phase, "skip": opts.skip, "num_microbatches": len(prep.batches),
+                   "num_tokens": int(sum(len(b) for b in prep.batches))},
+        **measured,
+        "predicted": predicted,
+        "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"]
+                                     for k in ("inter_node_bytes", "intra_node_bytes")),
+    }
+
+
+def summary_line(report: dict[str, Any], out: str | os.PathLike | None = None) -> str:
+    """One line for a person: what ran, the bytes (and whether the simulator agrees), the layer time."""
+    inter, intra = report["inter_node_bytes"]["total"], report["intra_node_bytes"]["total"]
+    w = report["window"]
+    line = (f"run-ep {report['strategy']} on {report['cluster']} ({report['dedup']}): {w['num_tokens']} tokens in "
+            f"{w['num_microbatches']} micro-batches; inter-node {inter:,} B, intra-node {intra:,} B (simulator: "
+            f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "
+            f"{report['layer_time_s']['total'] * 1e3:.1f} ms")
+    return line + (f" -> {out}" if out is not None else "")
+
+
+def run_ep(opts: RunEpOptions, memory_budget: int | None = None) -> dict[str, Any]:
+    """Check, run, report, and write the report to ``opts.json_out`` if set; returns the report.
+
+    Raises ValueError for anything wrong with the options or inputs (before any process starts), RankFailed /
+    TimeoutError / NetnsError / ClusterBusy when the run fails, and :class:`ReportWriteError` (carrying the
+    report) when the report cannot be written at the end.
+    """
+    prep = prepare_run(opts, memory_budget)
+    result, emu = execute(prep, opts)
+    import torch
+
+    report = build_report(opts, prep, result, emu, "nccl" if torch.cuda.is_available() else "gloo")
+    if opts.json_out is not None:
+        try:
+            atomic_write_json(report, opts.json_out)
+        except OSError as e:
+            raise ReportWriteError(Path(opts.json_out), e, report) from e
+    return report
