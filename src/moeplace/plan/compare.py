@@ -94,10 +94,9 @@ def scoring_trace(held: Trace, signal: np.ndarray) -> Trace:
 
 def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:
     """Homes of the held-out requests: the plan's grouper on their signal rows (table order), else {} (round-robin)."""
-    g = plan.extra.get("grouper")
-    if not g:
+    if plan.grouper is None:
         return {}
-    grouper = Grouper.from_json(g)
+    grouper = Grouper.from_json(plan.grouper.to_json())
     rid = held.requests.request_id
     tk = held.tokens
     pos = np.searchsorted(rid, tk.request_id[signal], sorter=np.argsort(rid))
