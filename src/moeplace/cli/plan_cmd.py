@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
-
-import numpy as np
 
 from moeplace.cli import CliError
 from moeplace.io import atomic_write_json
@@ -14,47 +10,12 @@ from moeplace.placement import Cluster, Plan
 from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan, workload_from_tokens
 from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR
+from moeplace.plan.loadfile import read_load
 
 TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
                  ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),
                  ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
                  ("plan_seconds", "plan s", "{:.2f}"))
-
-
-def read_load(path: str) -> np.ndarray:
-    """float [L, E] from a JSON [L][E], a JSON object with ``logical_count`` ([L][E] or [B][L][E], summed over B),
-    or an SGLang expert-distribution dump ``.pt`` with ``logical_count`` [B, L, E]."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such load file")
-    if p.suffix == ".pt":
-        try:
-            import torch
-        except ImportError:
-            raise ValueError(f"{p}: reading a .pt dump needs torch, which is not installed") from None
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-        if not isinstance(obj, dict) or "logical_count" not in obj:
-            raise ValueError(f"{p}: expected an SGLang stat dump (a dict with 'logical_count')")
-        arr = np.asarray(obj["logical_count"].float().numpy() if hasattr(obj["logical_count"], "numpy")
-                         else obj["logical_count"], np.float64)
-    else:
-        try:
-            obj = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{p}: not valid JSON ({e})") from None
-        if isinstance(obj, dict):
-            if "logical_count" not in obj:
-                raise ValueError(f"{p}: a JSON object must have 'logical_count' [L][E] (SGLang's format)")
-            obj = obj["logical_count"]
-        try:
-            arr = np.asarray(obj, np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"{p}: load must be a rectangular [L][E] array of numbers") from None
-    if arr.ndim == 3:
-        arr = arr.sum(axis=0)
-    if arr.ndim != 2:
-        raise ValueError(f"{p}: load must have shape [L, E] (or [buffer, L, E]), got {arr.shape}")
-    return arr
 
 
 def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) -> tuple[Workload, str, dict]:
