@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from moeplace.cli import CliError
+from moeplace.cli import (
+    MAX_REDUNDANT,
+    CliError,
+    cluster_spec,
+    float_in,
+    fraction,
+    fraction_list,
+    input_file,
+    int_in,
+    output_file,
+)
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan, workload_from_tokens
 from moeplace.plan.compare import DEFAULT_PREFIX_TOKENS
+from moeplace.plan.export import MAX_DECODER_LAYERS
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR
 from moeplace.plan.loadfile import read_load
 
@@ -121,7 +132,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     res = compare(t, cluster, args.redundant, names, args.holdout, args.split, args.seed, args.prefix_tokens,
                   args.balance_floor, kw, progress=say)
     if args.sweep_floor:
-        floors = [float(x) for x in args.sweep_floor.split(",")]
+        floors = args.sweep_floor
         frontier: dict = {n: [] for n in names}
         for n in names:
             r = res["strategies"][n]
@@ -162,16 +173,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", help="NODESxGPUS, e.g. 4x2")
-    p.add_argument("--redundant", type=int, default=0, help="redundant slots per layer R (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--groups", type=int, default=None, help="eplb: the model's expert groups (DeepSeek-V3: 8); "
+    p.add_argument("--cluster", type=cluster_spec, help="NODESxGPUS, e.g. 4x2")
+    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
+                   help="redundant slots per layer R (default 0; at most E * (W - 1))")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="random seed (default 0)")
+    p.add_argument("--groups", type=int_in(1, 1 << 16), default=None,
+                   help="eplb: the model's expert groups (DeepSeek-V3: 8); "
                    "default 1 (global policy)")
-    p.add_argument("--balance-floor", type=float, default=DEFAULT_BALANCE_FLOOR,
+    p.add_argument("--balance-floor", type=fraction, default=DEFAULT_BALANCE_FLOOR,
                    help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
-    p.add_argument("--time-budget", type=float, default=None, help="joint: seconds for its local searches "
+    p.add_argument("--time-budget", type=float_in(0, 1e6, lo_open=True), default=None,
+                   help="joint: seconds for its local searches "
                    "(default 45)")
-    p.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS,
+    p.add_argument("--prefix-tokens", type=int_in(0, 1 << 20), default=DEFAULT_PREFIX_TOKENS,
                    help="requests without prefill use their first N decode tokens as the grouping signal "
                         f"(default {DEFAULT_PREFIX_TOKENS})")
 
@@ -189,10 +203,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", nargs="?", help="trace directory (per-token or counts-only)")
-    p.add_argument("--load", help="plan from a load matrix instead: JSON [L][E], JSON {logical_count: ...} or an "
+    p.add_argument("--load", type=input_file,
+                   help="plan from a load matrix instead: JSON [L][E], JSON {logical_count: ...} or an "
                    "SGLang stat dump .pt")
     p.add_argument("--strategy", choices=list(STRATEGIES), metavar="NAME", help=f"one of: {names}")
-    p.add_argument("--out", help="plan JSON to write")
+    p.add_argument("--out", type=output_file, help="plan JSON to write")
     p.add_argument("--list", action="store_true", help="list the strategies and what each needs")
     _common(p)
     p.set_defaults(func=cmd_plan)
@@ -208,15 +223,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("trace", help="per-token trace directory")
     c.add_argument("--strategies", help=f"comma-separated subset of: {names} (default: all)")
-    c.add_argument("--holdout", type=float, default=0.25, help="fraction of requests held out (default 0.25)")
+    c.add_argument("--holdout", type=float_in(0, 1, lo_open=True, hi_open=True), default=0.25,
+                   help="fraction of requests held out (default 0.25)")
     c.add_argument("--split", choices=("random", "ordered"), default="random",
                    help="held-out requests: a seeded random subset, or the last ones of the table (default random)")
-    c.add_argument("--sweep-floor", help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
-    c.add_argument("--plot", help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
-    c.add_argument("--json", help="write the results JSON here")
+    c.add_argument("--sweep-floor", type=fraction_list,
+                   help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
+    c.add_argument("--plot", type=output_file,
+                   help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
+    c.add_argument("--json", type=output_file, help="write the results JSON here")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     _common(c)
-    c.set_defaults(func=lambda a: cmd_compare(a) if a.cluster else _need_cluster())
+    c.set_defaults(func=cmd_compare, check=_check_compare)
 
     e = sub.add_parser(
         "export", help="write a plan as SGLang's or vLLM's expert mapping",
@@ -226,14 +244,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example:\n  moeplace export plan.json --format sglang --trace ds.trace --out init_location.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument("plan", help="plan JSON from 'moeplace plan'")
+    e.add_argument("plan", type=input_file, help="plan JSON from 'moeplace plan'")
     e.add_argument("--format", required=True, choices=("sglang", "vllm"))
-    e.add_argument("--out", required=True, help="JSON file to write")
+    e.add_argument("--out", required=True, type=output_file, help="JSON file to write")
     e.add_argument("--trace", help="trace whose moe_layer_map places MoE layers among decoder layers (sglang)")
-    e.add_argument("--num-decoder-layers", type=int, help="sglang: decoder layers of the model (default: last "
+    e.add_argument("--num-decoder-layers", type=int_in(1, MAX_DECODER_LAYERS),
+                   help="sglang: decoder layers of the model (default: last "
                    "MoE layer + 1)")
     e.set_defaults(func=cmd_export)
 
 
-def _need_cluster() -> int:
-    raise CliError("--cluster is required, e.g. --cluster 4x2")
+def _check_compare(args: argparse.Namespace) -> None:
+    if not args.cluster:
+        raise CliError("--cluster is required, e.g. --cluster 4x2")
+    if args.plot and not args.sweep_floor:
+        raise CliError("--plot draws the --sweep-floor frontier; give --sweep-floor too (e.g. 0.9,0.95)")

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from moeplace.cli import cluster_spec, float_in, input_file, int_in, output_file
 from moeplace.io import atomic_write_json
 
 FAIL_RANK_ENV = "MOEPLACE_RUN_FAIL_RANK"  # test hook: that rank exits right after joining the group
@@ -176,32 +177,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="per-token trace directory")
-    p.add_argument("--plan", required=True, help="plan JSON (moeplace plan)")
-    p.add_argument("--cluster", required=True, help="NODESxGPUS, must match the plan's cluster, e.g. 2x2")
+    p.add_argument("--plan", required=True, type=input_file, help="plan JSON (moeplace plan)")
+    p.add_argument("--cluster", required=True, type=cluster_spec,
+                   help="NODESxGPUS, must match the plan's cluster, e.g. 2x2")
     p.add_argument("--emulate", action="store_true",
                    help="run each node's ranks in its own network namespace (needs root and iproute2; falls back "
                         "to plain loopback, saying so)")
-    p.add_argument("--inter-gbit", type=_positive_float, default=None,
+    p.add_argument("--inter-gbit", type=float_in(0, 1e6, lo_open=True), default=None,
                    help="with --emulate: inter-node link rate per node in Gbit/s (default: unshaped)")
-    p.add_argument("--inter-delay-ms", type=_positive_float, default=None,
+    p.add_argument("--inter-delay-ms", type=float_in(0, 1e5, lo_open=True), default=None,
                    help="with --emulate: one-way inter-node delay in ms (needs the netem qdisc)")
     p.add_argument("--netns", default=None, metavar="NAME",
                    help="run on a cluster brought up by 'moeplace cluster up --name NAME' instead")
-    p.add_argument("--hidden", type=int, default=d.hidden, help=f"hidden size H (default {d.hidden})")
-    p.add_argument("--ffn", type=int, default=None, help="expert intermediate size (default: = hidden)")
+    p.add_argument("--hidden", type=int_in(1, 1 << 16), default=d.hidden, help=f"hidden size H (default {d.hidden})")
+    p.add_argument("--ffn", type=int_in(1, 1 << 18), default=None, help="expert intermediate size (default: = hidden)")
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16", "float16"),
                    help=f"element type of hidden vectors (default {d.dtype})")
-    p.add_argument("--batch-tokens", type=int, default=256,
+    p.add_argument("--batch-tokens", type=int_in(1, 1 << 20), default=256,
                    help="micro-batch size as the simulator forms it: requests per decode window and prefill token "
                         "budget (default 256)")
     p.add_argument("--phase", default="decode", choices=("prefill", "decode"), help="which micro-batches")
-    p.add_argument("--microbatches", type=int, default=8, help="micro-batches to replay (default 8)")
-    p.add_argument("--skip", type=int, default=0, help="micro-batches of the phase to skip first (default 0)")
-    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed repeats (default {d.repeats})")
+    p.add_argument("--microbatches", type=int_in(1, 1 << 16), default=8, help="micro-batches to replay (default 8)")
+    p.add_argument("--skip", type=int_in(0, 1 << 24), default=0,
+                   help="micro-batches of the phase to skip first (default 0)")
+    p.add_argument("--repeats", type=int_in(1, 1 << 12), default=d.repeats, help=f"timed repeats (default {d.repeats})")
     p.add_argument("--two-hop", action="store_true", help="per-node dedup, forwarding inside the node")
     p.add_argument("--rule", default=RULES[0], choices=RULES, help=f"replica rule (default {RULES[0]})")
-    p.add_argument("--timeout", type=float, default=d.timeout, help=f"seconds (default {d.timeout:g})")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the report here (default: stdout)")
+    p.add_argument("--timeout", type=float_in(0, 86400, lo_open=True), default=d.timeout,
+                   help=f"seconds (default {d.timeout:g})")
+    p.add_argument("--json", type=output_file, default=None, metavar="OUT.json",
+                   help="write the report here (default: stdout)")
     p.set_defaults(func=cmd_run_ep)
 
     c = sub.add_parser("cluster", help="emulated nodes: network namespaces with shaped links",
@@ -215,10 +220,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     up = csub.add_parser("up", help="build (or keep) an emulated cluster",
                          epilog="example:\n  moeplace cluster up --nodes 2 --gpus-per-node 2 --inter-gbit 1",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    up.add_argument("--nodes", type=int, required=True, help="N nodes")
-    up.add_argument("--gpus-per-node", type=int, required=True, help="G ranks per node")
-    up.add_argument("--inter-gbit", type=_positive_float, default=None, help="inter-node rate per node, Gbit/s")
-    up.add_argument("--inter-delay-ms", type=_positive_float, default=None, help="inter-node one-way delay, ms")
+    up.add_argument("--nodes", type=int_in(1, 64), required=True, help="N nodes")
+    up.add_argument("--gpus-per-node", type=int_in(1, 64), required=True, help="G ranks per node")
+    up.add_argument("--inter-gbit", type=float_in(0, 1e6, lo_open=True), default=None,
+                    help="inter-node rate per node, Gbit/s")
+    up.add_argument("--inter-delay-ms", type=float_in(0, 1e5, lo_open=True), default=None,
+                    help="inter-node one-way delay, ms")
     up.add_argument("--name", default="moeplace", help="namespace prefix (default moeplace)")
     up.add_argument("--strict", action="store_true", help="fail instead of falling back to plain loopback")
     up.set_defaults(func=cmd_cluster_up)
