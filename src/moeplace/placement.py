@@ -446,24 +446,26 @@ class Plan:
             if want is not None and want != got:
                 raise schema.SchemaError(f"{where}: {name}: says {want} but phy2log is {shape[0]} x {shape[1]}")
         cluster = Cluster.from_json(m.cluster.model_dump(), f"{where}: cluster")
-        if m.format_version == 1:
-            t = typed_from_extra(m.extra, m.strategy, f"{where}: extra")
-            typed = (t.grouper, t.balance, t.fallback, t.cost_model)
-            extra, colocated = t.extra, t.allow_colocated
-        else:
-            typed = (GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper else None,
-                     BalanceOutcome(m.balance.floor, m.balance.achieved) if m.balance else None,
-                     Fallback(m.fallback.used, m.fallback.reason) if m.fallback else None,
-                     CostModel(**m.cost_model.model_dump()) if m.cost_model else None)
-            extra, colocated = m.extra, m.allow_colocated_replicas
-            if m.balance is not None and m.balance.met != typed[1].met:
-                raise schema.SchemaError(f"{where}: balance.met: says {m.balance.met} but achieved "
-                                         f"{m.balance.achieved} vs floor {m.balance.floor} says {typed[1].met}")
         try:
+            if m.format_version == 1:
+                t = typed_from_extra(m.extra, m.strategy, f"{where}: extra")
+                typed = (t.grouper, t.balance, t.fallback, t.cost_model)
+                extra, colocated = t.extra, t.allow_colocated
+            else:
+                typed = (GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper else None,
+                         BalanceOutcome(m.balance.floor, m.balance.achieved) if m.balance else None,
+                         Fallback(m.fallback.used, m.fallback.reason) if m.fallback else None,
+                         CostModel(**m.cost_model.model_dump()) if m.cost_model else None)
+                extra, colocated = m.extra, m.allow_colocated_replicas
+                if m.balance is not None and m.balance.met != typed[1].met:
+                    raise ValueError(f"balance.met: says {m.balance.met} but achieved {m.balance.achieved} vs "
+                                     f"floor {m.balance.floor} says {typed[1].met}")
             placement = Placement(np.asarray(m.phy2log, np.int64).reshape(shape), m.num_experts,
                                   cluster.world_size, allow_colocated_replicas=colocated)
             homes = {int(k): v for k, v in m.homes.items()}
             return cls(placement, cluster, homes, m.strategy, m.plan_seconds, m.planned_on, dict(extra), *typed)
+        except schema.SchemaError:
+            raise
         except ValueError as e:
             raise schema.SchemaError(f"{where}: {e}") from None
 

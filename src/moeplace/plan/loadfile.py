@@ -10,6 +10,8 @@ Formats: a JSON ``[L][E]`` (or ``[B][L][E]``, summed over B) of non-negative fin
 from __future__ import annotations
 
 import os
+import re
+import warnings
 
 import numpy as np
 
@@ -47,6 +49,20 @@ def read_load(path: str | os.PathLike) -> np.ndarray:
     return arr
 
 
+def _torch_reason(e: Exception) -> str:
+    """The useful part of a torch.load error: the refused global of an unsafe pickle, else its first line (never
+    torch's advice to retry with weights_only=False, which would run the pickle)."""
+    text = str(e)
+    m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if m:
+        return f"it would call {m.group(1)}, which is refused"
+    m = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    if m:
+        return m.group(1).strip()[:200]
+    first = text.strip().splitlines()[0][:200] if text.strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def _read_pt(p) -> np.ndarray:
     """float64 [B, L, E] or [L, E] of an SGLang stat dump."""
     try:
@@ -56,11 +72,12 @@ def _read_pt(p) -> np.ndarray:
     with open(p, "rb"):  # an unreadable file is an OSError naming it, not a "bad dump"
         pass
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr; the error says enough
+            warnings.simplefilter("ignore")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types (UnpicklingError, RuntimeError, IndexError...) for a bad file
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise schema.SchemaError(f"{p}: not a torch file that loads safely with weights_only=True ({first})") \
-            from None
+        raise schema.SchemaError(f"{p}: not a torch file that loads safely with weights_only=True "
+                                 f"({_torch_reason(e)})") from None
     if not isinstance(obj, dict) or "logical_count" not in obj:
         raise schema.SchemaError(f"{p}: expected an SGLang stat dump (a dict with 'logical_count')")
     lc = obj["logical_count"]
