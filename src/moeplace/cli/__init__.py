@@ -177,7 +177,7 @@ def input_file(text: str) -> str:
     try:
         st = os.stat(text)
     except OSError as e:
-        raise argparse.ArgumentTypeError(f"{text}: {e.strerror or e}") from None
+        raise argparse.ArgumentTypeError(f"{short(text)}: {e.strerror or e}") from None
     if stat.S_ISDIR(st.st_mode):
         raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file")
     if not stat.S_ISREG(st.st_mode):
@@ -219,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit status (2 for a user error, reported on one stderr line)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad option (already reported on one line)
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
