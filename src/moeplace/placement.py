@@ -11,7 +11,6 @@ Example: 256 logical + 32 redundant = 288 slots over 32 GPUs = 9 slots per GPU.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -21,7 +20,27 @@ import numpy as np
 
 from moeplace.io import atomic_write_json
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2  # 2: grouper, balance outcome, fallback and cost model are typed fields (1: in ``extra``)
+MAX_NODES = 1 << 12  # N: bounds every [W]-sized allocation made from a cluster spec or a plan file
+MAX_WORLD = 1 << 16  # W = N * G
+MAX_PLACEMENT_CELLS = 1 << 26  # L * P of one placement (512 MiB of int64)
+MAX_DERIVED_CELLS = 1 << 27  # L * E * max(W, M): the log2phy and expert-GPU tables derived from a placement
+
+
+def check_slot_count(num_experts: int, num_redundant: int, num_gpus: int, num_layers: int = 1) -> None:
+    """ValueError unless E + R slots fit on W GPUs with each GPU holding an expert at most once (S = P / W <= E)
+    and the [L, P] table stays under :data:`MAX_PLACEMENT_CELLS`. Checked before anything is allocated."""
+    E, R, W = int(num_experts), int(num_redundant), int(num_gpus)
+    if R < 0:
+        raise ValueError(f"num_redundant must be >= 0, got {R}")
+    if E < 1 or W < 1:
+        raise ValueError(f"placement: num_experts and num_gpus must be >= 1, got {E}, {W}")
+    if E + R > E * W:
+        raise ValueError(f"num_redundant={R}: {E} experts + {R} redundant slots put more than {E} slots on each of "
+                         f"{W} GPUs, so some GPU would hold an expert twice; at most {E * (W - 1)} redundant slots")
+    if num_layers * (E + R) > MAX_PLACEMENT_CELLS:
+        raise ValueError(f"num_redundant={R}: {num_layers} layers x {E + R} slots is more than "
+                         f"{MAX_PLACEMENT_CELLS} cells")
 
 
 def replica_counts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
@@ -66,14 +85,19 @@ class Cluster:
     def __post_init__(self) -> None:
         for name in ("num_nodes", "gpus_per_node"):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"cluster: {name} must be a positive integer, got {v!r}")
+        if self.num_nodes > MAX_NODES or self.num_nodes * self.gpus_per_node > MAX_WORLD:
+            raise ValueError(f"cluster {self.num_nodes}x{self.gpus_per_node}: at most {MAX_NODES} nodes and "
+                             f"{MAX_WORLD} GPUs in all")
         for name in ("intra_bw", "inter_bw", "expert_flops"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"cluster: {name} must be > 0, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 < v < float("inf"):
+                raise ValueError(f"cluster: {name} must be a finite number > 0, got {v!r}")
         for name in ("intra_latency", "inter_latency"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"cluster: {name} must be >= 0, got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 <= v < float("inf"):
+                raise ValueError(f"cluster: {name} must be a finite number >= 0, got {v!r}")
 
     @property
     def world_size(self) -> int:
@@ -104,13 +128,15 @@ class Cluster:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
-    def from_json(cls, d: dict) -> Cluster:
-        if not isinstance(d, dict):
-            raise ValueError(f"cluster: expected a JSON object, got {type(d).__name__}")
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"cluster: unknown keys {sorted(unknown)}")
-        return cls(**d)
+    def from_json(cls, d: object, where: str = "cluster") -> Cluster:
+        """A cluster from its JSON object (validated: ``where`` names the file or field in errors)."""
+        from moeplace import schema
+
+        m = schema.validate(schema.ClusterJSON, d, where)
+        try:
+            return cls(**{k: v for k, v in m.model_dump().items() if v is not None})
+        except ValueError as e:
+            raise schema.SchemaError(f"{where}: {e}") from None
 
 
 @dataclass
@@ -140,7 +166,12 @@ class Placement:
         if p2l.size and (self.phy2log.min() < 0 or self.phy2log.max() >= E):
             bad = int(self.phy2log.min()) if self.phy2log.min() < 0 else int(self.phy2log.max())
             raise ValueError(f"phy2log: expert id {bad} out of range [0, {E})")
+        if L * P > MAX_PLACEMENT_CELLS:
+            raise ValueError(f"placement: {L} layers x {P} slots is more than {MAX_PLACEMENT_CELLS} cells")
         cnt = self.replica_count
+        if L * E * max(W, int(cnt.max(initial=1))) > MAX_DERIVED_CELLS:
+            raise ValueError(f"placement: {L} layers x {E} experts x {max(W, int(cnt.max(initial=1)))} GPUs or "
+                             f"replicas is more than {MAX_DERIVED_CELLS} cells (its derived tables would not fit)")
         missing = np.argwhere(cnt == 0)
         if len(missing):
             layer, e = missing[0]
@@ -199,6 +230,7 @@ class Placement:
     @classmethod
     def linear(cls, num_layers: int, num_experts: int, num_gpus: int, num_redundant: int = 0) -> Placement:
         """Engines' default: expert e on slot e; redundant slot E + j holds expert j (j < R)."""
+        check_slot_count(num_experts, num_redundant, num_gpus, num_layers)
         P = num_experts + num_redundant
         if P % num_gpus:
             raise ValueError(f"linear placement: {num_experts} experts + {num_redundant} redundant slots are not "
@@ -207,9 +239,139 @@ class Placement:
         return cls(np.tile(row, (num_layers, 1)), num_experts, num_gpus)
 
 
+@dataclass(frozen=True, eq=False)
+class GrouperSpec:
+    """A plan's online grouper as stored in the plan: one linear scorer row per node over a request's prefill
+    expert counts. ``moeplace.plan.grouping.Grouper.from_json(spec.to_json())`` rebuilds the working object."""
+
+    kind: str  # what the rows are ("centroids": K-means centroids or centroids of cost-optimal labels)
+    gpus_per_node: int  # G
+    round_size: int  # requests admitted per scheduling round
+    weights: np.ndarray  # float32 [N, D]: node n's score for a request is feature . weights[n]
+    layers: tuple[int, ...] | None = None  # MoE layers the feature uses (None: all), so D = len(layers) * E
+
+    def __post_init__(self) -> None:
+        w = np.asarray(self.weights, np.float32)
+        if w.ndim != 2 or not np.isfinite(w).all():
+            raise ValueError(f"grouper: weights must be a finite [N, D] matrix, got shape {w.shape}")
+        object.__setattr__(self, "weights", w)
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
+        if self.gpus_per_node < 1 or self.round_size < 1:
+            raise ValueError(f"grouper: gpus_per_node and round_size must be >= 1, got {self.gpus_per_node}, "
+                             f"{self.round_size}")
+
+    @property
+    def num_nodes(self) -> int:
+        return self.weights.shape[0]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "gpus_per_node": int(self.gpus_per_node), "round_size": int(self.round_size),
+                "layers": None if self.layers is None else list(self.layers), "weights": self.weights.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> GrouperSpec:
+        """From a validated grouper object (schema.GrouperJSON's fields) or ``Grouper.to_json()``."""
+        layers = d.get("layers")
+        return cls(str(d.get("kind", "centroids")), int(d["gpus_per_node"]), int(d["round_size"]),
+                   np.asarray(d["weights"], np.float32), None if layers is None else tuple(layers))
+
+
+@dataclass(frozen=True)
+class BalanceOutcome:
+    """Whether a strategy with a balance floor met it on its planning window."""
+
+    floor: float  # required balancedness (mean/max GPU load per layer, averaged), in (0, 1]
+    achieved: float | None  # balancedness of the final placement as the strategy measured it (None: not measured)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.floor <= 1:
+            raise ValueError(f"balance: floor must be in (0, 1], got {self.floor!r}")
+        if self.achieved is not None and not 0 <= self.achieved < float("inf"):
+            raise ValueError(f"balance: achieved must be a finite number >= 0, got {self.achieved!r}")
+
+    @property
+    def met(self) -> bool:
+        return self.achieved is not None and self.achieved >= self.floor
+
+    def to_json(self) -> dict:
+        return {"floor": float(self.floor), "achieved": None if self.achieved is None else float(self.achieved),
+                "met": self.met}
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The strategy could not do its own job and used another method's result instead."""
+
+    used: str  # what produced the placement instead ("eplb": EPLB's placement; "coactivation": METIS)
+    reason: str  # why, in the strategy's words
+
+    def to_json(self) -> dict:
+        return {"used": self.used, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The cost a strategy minimised, when it used one (names as in ``moeplace.simulate.CostConfig``)."""
+
+    objective: str  # what was minimised, e.g. "inter_node_sends" or "inter_node_bytes"
+    rule: str | None = None  # replica choice rule (moeplace.simulate.RULES)
+    dedup: str | None = None  # "per_gpu" or "two_hop"
+    hidden_size: int | None = None  # elements per token vector
+    dispatch_bytes: float | None = None  # bytes per element sent by dispatch
+    combine_bytes: float | None = None  # bytes per element returned by combine
+    intermediate_size: int | None = None  # expert FFN width
+    pair_flops: float | None = None  # FLOPs of one token-expert pair
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# Version-1 plans and strategies that still report in ``extra`` say "fallback" without saying to what.
+LEGACY_FALLBACK_USED = {"joint": "eplb", "hypergraph": "coactivation"}
+
+
+@dataclass(frozen=True)
+class TypedOutcome:
+    """The typed fields found among legacy ``extra`` keys, and the free-form rest."""
+
+    extra: dict
+    grouper: GrouperSpec | None = None
+    balance: BalanceOutcome | None = None
+    fallback: Fallback | None = None
+    cost_model: CostModel | None = None
+    allow_colocated: bool = False
+
+
+def typed_from_extra(extra: dict, strategy: str, where: str = "extra") -> TypedOutcome:
+    """Split a version-1 plan's ``extra`` (or a strategy's ``StrategyResult.extra``) into typed fields.
+
+    Keys mapped: ``grouper``, ``allow_colocated``, ``fallback`` (a reason string: :data:`LEGACY_FALLBACK_USED`
+    says to what), ``balance_floor`` with the last of ``planning_balancedness``, ``cost_model``; ``num_redundant``
+    is dropped (it is ``num_slots - num_experts``). Everything else stays in ``extra``.
+    """
+    from moeplace import schema
+
+    m = schema.validate(schema.LegacyExtra, extra, where)
+    rest = {k: v for k, v in extra.items() if k not in ("grouper", "allow_colocated", "fallback", "balance_floor",
+                                                        "num_redundant", "cost_model")}
+    grouper = GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper is not None else None
+    balance = None
+    if m.balance_floor is not None:
+        hist = m.planning_balancedness
+        balance = BalanceOutcome(m.balance_floor, hist[-1] if hist else None)
+    fallback = Fallback(LEGACY_FALLBACK_USED.get(strategy, "unknown"), m.fallback) if m.fallback else None
+    cost = CostModel(**m.cost_model.model_dump()) if m.cost_model is not None else None
+    return TypedOutcome(rest, grouper, balance, fallback, cost, m.allow_colocated)
+
+
 @dataclass
 class Plan:
-    """A placement plus request homes on a cluster: what ``moeplace plan`` writes and the simulator replays."""
+    """A placement plus request homes on a cluster: what ``moeplace plan`` writes and the simulator replays.
+
+    Plan JSON (format version 2) holds every field below; ``extra`` is free-form (strategy parameters and
+    diagnostics) and nothing reads it back. Version-1 plans load too (:func:`typed_from_extra`).
+    """
 
     placement: Placement
     cluster: Cluster
@@ -218,7 +380,11 @@ class Plan:
     plan_seconds: float = 0.0  # seconds spent inside the strategy (in memory only: a plan's JSON is a function of
     # its inputs, so timings are never written into it)
     planned_on: str = ""  # the trace or load file the plan was made from
-    extra: dict = field(default_factory=dict)  # strategy parameters and diagnostics
+    extra: dict = field(default_factory=dict)  # free-form: strategy parameters and diagnostics (JSON-serialisable)
+    grouper: GrouperSpec | None = None  # homes for new requests from their prefill routing (None: round-robin)
+    balance: BalanceOutcome | None = None  # the balance floor and whether it was met (strategies with a floor)
+    fallback: Fallback | None = None  # set when the strategy used another method's result
+    cost_model: CostModel | None = None  # the cost the strategy minimised, when it used one
 
     def __post_init__(self) -> None:
         W = self.cluster.world_size
@@ -229,6 +395,20 @@ class Plan:
         for rid, g in self.homes.items():
             if not 0 <= int(g) < W:
                 raise ValueError(f"plan: request {rid} has home GPU {g}, outside [0, {W})")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"plan: extra must be a dict, got {type(self.extra).__name__}")
+        g = self.grouper
+        if g is not None:
+            L, E = self.placement.num_layers, self.placement.num_experts
+            if g.gpus_per_node != self.cluster.gpus_per_node or g.num_nodes != self.cluster.num_nodes:
+                raise ValueError(f"plan: grouper is for {g.num_nodes}x{g.gpus_per_node} GPUs but the cluster is "
+                                 f"{self.cluster.spec()}")
+            if g.layers is not None and any(not 0 <= x < L for x in g.layers):
+                raise ValueError(f"plan: grouper layers {list(g.layers)} outside [0, {L})")
+            D = (L if g.layers is None else len(g.layers)) * E
+            if g.weights.shape[1] != D:
+                raise ValueError(f"plan: grouper weights have {g.weights.shape[1]} columns, expected {D} "
+                                 f"(feature layers x {E} experts)")
 
     def home_of(self, request_ids: np.ndarray) -> np.ndarray:
         """int [R_req]: home GPU of each request id; ids without a planned home go round-robin by first
@@ -252,52 +432,63 @@ class Plan:
             "num_experts": int(self.placement.num_experts),
             "num_layers": self.placement.num_layers,
             "num_slots": self.placement.num_slots,
+            "allow_colocated_replicas": bool(self.placement.allow_colocated_replicas),
             "phy2log": self.placement.phy2log.tolist(),
             "homes": {str(k): int(v) for k, v in sorted(self.homes.items())},
+            "grouper": None if self.grouper is None else self.grouper.to_json(),
+            "balance": None if self.balance is None else self.balance.to_json(),
+            "fallback": None if self.fallback is None else self.fallback.to_json(),
+            "cost_model": None if self.cost_model is None else self.cost_model.to_json(),
             "planned_on": self.planned_on,
             "extra": self.extra,
         }
 
     @classmethod
-    def from_json(cls, d: dict, where: str = "plan") -> Plan:
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected a JSON object")
-        v = d.get("format_version")
-        if not isinstance(v, int) or v > PLAN_FORMAT_VERSION:
-            raise ValueError(f"{where}: unsupported or missing format_version {v!r} (this moeplace reads "
-                             f"<= {PLAN_FORMAT_VERSION})")
-        for k in ("cluster", "phy2log", "num_experts"):
-            if k not in d:
-                raise ValueError(f"{where}: missing key {k!r}")
-        cluster = Cluster.from_json(d["cluster"])
+    def from_json(cls, d: object, where: str = "plan") -> Plan:
+        """A plan from its JSON (format version 1 or 2), validated: errors name ``where``, the field and the
+        problem."""
+        from moeplace import schema
+
+        m = schema.plan_model(d, where)
+        shape = (len(m.phy2log), len(m.phy2log[0]) if m.phy2log else 0)
+        if len({len(row) for row in m.phy2log}) > 1:
+            raise schema.SchemaError(f"{where}: phy2log: rows have different lengths (expected [L][P])")
+        for name, want, got in (("num_layers", m.num_layers, shape[0]), ("num_slots", m.num_slots, shape[1])):
+            if want is not None and want != got:
+                raise schema.SchemaError(f"{where}: {name}: says {want} but phy2log is {shape[0]} x {shape[1]}")
+        cluster = Cluster.from_json(m.cluster.model_dump(), f"{where}: cluster")
         try:
-            p2l = np.asarray(d["phy2log"], dtype=np.int64)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: phy2log must be a rectangular [L][P] list of integers") from None
-        try:
-            placement = Placement(p2l, int(d["num_experts"]), cluster.world_size,
-                                  allow_colocated_replicas=bool(d.get("extra", {}).get("allow_colocated", False)))
+            if m.format_version == 1:
+                t = typed_from_extra(m.extra, m.strategy, f"{where}: extra")
+                typed = (t.grouper, t.balance, t.fallback, t.cost_model)
+                extra, colocated = t.extra, t.allow_colocated
+            else:
+                typed = (GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper else None,
+                         BalanceOutcome(m.balance.floor, m.balance.achieved) if m.balance else None,
+                         Fallback(m.fallback.used, m.fallback.reason) if m.fallback else None,
+                         CostModel(**m.cost_model.model_dump()) if m.cost_model else None)
+                extra, colocated = m.extra, m.allow_colocated_replicas
+                if m.balance is not None and m.balance.met != typed[1].met:
+                    raise ValueError(f"balance.met: says {m.balance.met} but achieved {m.balance.achieved} vs "
+                                     f"floor {m.balance.floor} says {typed[1].met}")
+            placement = Placement(np.asarray(m.phy2log, np.int64).reshape(shape), m.num_experts,
+                                  cluster.world_size, allow_colocated_replicas=colocated)
+            homes = {int(k): v for k, v in m.homes.items()}
+            return cls(placement, cluster, homes, m.strategy, m.plan_seconds, m.planned_on, dict(extra), *typed)
+        except schema.SchemaError:
+            raise
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-        try:
-            homes = {int(k): int(v) for k, v in d.get("homes", {}).items()}
-        except (TypeError, ValueError, AttributeError):
-            raise ValueError(f"{where}: homes must map request ids to GPU ids") from None
-        return cls(placement, cluster, homes, d.get("strategy", ""), float(d.get("plan_seconds", 0.0)),
-                   d.get("planned_on", ""), d.get("extra", {}))
+            raise schema.SchemaError(f"{where}: {e}") from None
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan JSON atomically."""
         p = Path(path)
-        return atomic_write_json(self.to_json(), p, indent=None)
+        return atomic_write_json(self.to_json(), p, indent=None, allow_nan=False)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"{p}: no such plan file")
-        try:
-            d = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{p}: not valid JSON ({e})") from None
-        return cls.from_json(d, where=str(p))
+        """Read and validate a plan file (see :meth:`from_json`)."""
+        from moeplace import schema
+
+        d = schema.read_json_file(path, "plan file")
+        return cls.from_json(d, where=str(path))

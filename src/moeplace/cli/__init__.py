@@ -2,13 +2,25 @@
 
 Each stage has its own command module exposing ``register(subparsers)``; :data:`COMMAND_MODULES` lists them in
 pipeline order, so ``moeplace --help`` shows exactly what exists.
+
+User errors end with exit status 2 and one line on stderr that names the file or option and the problem, never a
+traceback: options are checked when they are parsed (the ``type=`` functions below), paths before any work
+starts, and :func:`main` turns the library's errors (ValueError and its subclasses, OSError, RecursionError,
+MemoryError) into that line. A closed stdout (``moeplace ... | head``) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import math
+import os
+import re
+import stat
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 COMMAND_MODULES = (
     "moeplace.cli.demo_cmd",
@@ -32,8 +44,164 @@ class CliError(Exception):
     """A user error found by the CLI itself (bad flag combination); printed without a traceback."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``moeplace plan: error: argument --redundant: ... (see --help)``."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+# ------------------------------------------------------------------------------------------ option types
+# Each returns a ``type=`` function for argparse; the bounds keep what an option allocates sane.
+
+MAX_REDUNDANT = 1 << 20  # checked again against the trace's E and the cluster (at most E * (W - 1))
+MAX_TOKENS = 1 << 24  # chunk, window and batch sizes in tokens
+NAME_MAX = 255  # bytes in one path component (Linux)
+TEMP_SUFFIX_BYTES = 24  # the atomic writer's ".NAME.XXXXXXXX.tmp" adds this much
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {v}")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Callable[[str], float]:
+    """A finite number in the interval from lo to hi (each end open or closed)."""
+    span = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in {span}, got {text!r}") from None
+        ok = math.isfinite(v) and (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected a finite number in {span}, got {text}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    return float_in(0.0, 1.0, lo_open=True)(text)
+
+
+def fraction_list(text: str) -> list[float]:
+    """Comma-separated numbers in (0, 1]."""
+    return [fraction(x) for x in text.split(",")]
+
+
+def cluster_spec(text: str) -> str:
+    """NODESxGPUS (checked; returned as given)."""
+    from moeplace.placement import Cluster
+
+    try:
+        Cluster.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def device_spec(text: str) -> str:
+    """A torch device name: cpu, cuda, cuda:N, mps, xpu:N (whether it exists is checked when it is used)."""
+    if not re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d{1,4})?", text):
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:0, got {text!r}")
+    return text
+
+
+def _path_problem_output(text: str) -> str | None:
+    p = Path(text)
+    if not text or text.endswith(os.sep) or p.name in ("", ".", ".."):
+        return "expected a file name, got a directory"
+    if len(os.fsencode(p.name)) > NAME_MAX - TEMP_SUFFIX_BYTES:
+        return (f"file name too long ({len(os.fsencode(p.name))} bytes; at most {NAME_MAX - TEMP_SUFFIX_BYTES} "
+                "so that its temporary file fits beside it)")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # ENAMETOOLONG of the whole path, ENOTDIR of a parent, ELOOP, EACCES
+        return e.strerror or str(e)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return "exists and is not a regular file (a FIFO, device or socket)"
+    anc = p.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if anc.exists() and not anc.is_dir():
+        return f"{anc} is not a directory"
+    return None
+
+
+def output_file(text: str) -> str:
+    """A file to write: not a directory, FIFO or device; a name short enough for its temporary file; its
+    folder a directory (created if missing). Returned as given."""
+    problem = _path_problem_output(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{short(text)}: {problem}")
+    return text
+
+
+def short(text: str, keep: int = 80) -> str:
+    """A path for a message: long ones cut in the middle."""
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into: not an existing file."""
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not a directory")
+    if any(len(os.fsencode(part)) > NAME_MAX - TEMP_SUFFIX_BYTES for part in p.parts):
+        raise argparse.ArgumentTypeError(f"{text}: a path component is longer than "
+                                         f"{NAME_MAX - TEMP_SUFFIX_BYTES} bytes")
+    return text
+
+
+def input_file(text: str) -> str:
+    """An existing regular file to read (not a directory, FIFO or device). Returned as given."""
+    try:
+        st = os.stat(text)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{short(text)}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise argparse.ArgumentTypeError(f"{text}: is a directory, expected a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise argparse.ArgumentTypeError(f"{text}: not a regular file (a FIFO, device or socket)")
+    return text
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (multi-line library messages joined with '; ')."""
+    return "; ".join(s.strip() for s in str(text).splitlines() if s.strip())
+
+
+def describe_os_error(e: OSError) -> str:
+    """'PATH: problem' for an OSError (ENAMETOOLONG shows the length instead of the whole name)."""
+    name = e.filename
+    if name is not None and e.errno == errno.ENAMETOOLONG:
+        name = f"{os.fsdecode(name)[:60]}... ({len(os.fsencode(name))} bytes)"
+    if name is not None:
+        return f"{os.fsdecode(name)}: {e.strerror or e}"
+    return str(e)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="moeplace",
         description="Trace, analyse and plan expert placement and request grouping for multi-node MoE inference.",
         epilog=EPILOG,
@@ -49,19 +217,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (2 for a user error, reported on one stderr line)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad option (already reported on one line)
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    where = f"moeplace {args.command}"
     try:
+        check = getattr(args, "check", None)
+        if check is not None:
+            check(args)  # option combinations, before any work starts
         rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
     except KeyboardInterrupt:
-        print("moeplace: interrupted", file=sys.stderr)
+        print(f"{where}: interrupted", file=sys.stderr)
         return 130
-    except (CliError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
-        # ValueError covers TraceError and every library validation error: they name the bad value.
-        print(f"moeplace {args.command}: error: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly. Python's recipe: point stdout at devnull so the final
+        # flush at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
+    except (CliError, ValueError) as e:
+        # ValueError covers TraceError, SchemaError and every library validation error: they name the bad value.
+        print(f"{where}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # missing, unreadable or unwritable files, directories where files belong, long names
+        print(f"{where}: error: {one_line(describe_os_error(e))}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"{where}: error: an input is nested too deeply to read", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{where}: error: out of memory: an input or option asks for more memory than is available",
+              file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -12,6 +12,7 @@ from moeplace.analyse.summary import (
     analyse_trace,
     format_summary,
 )
+from moeplace.cli import MAX_TOKENS, float_in, int_in, output_file
 from moeplace.io import atomic_write_json
 
 EXAMPLE = """example:
@@ -55,19 +56,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="trace directory (per-token or counts-only)")
-    p.add_argument("--json", metavar="OUT.json", help="write the statistics as JSON (docs/ANALYSIS.md)")
-    p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
-    p.add_argument("--layer", type=int, default=None,
+    p.add_argument("--json", metavar="OUT.json", type=output_file,
+                   help="write the statistics as JSON (docs/ANALYSIS.md)")
+    p.add_argument("--html", metavar="OUT.html", type=output_file, help="write a self-contained HTML report")
+    p.add_argument("--layer", type=int_in(0, 1 << 20), default=None,
                    help="MoE layer of the co-activation heatmap and matrix in the JSON (default: L // 2)")
-    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
+    p.add_argument("--chunk-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_CHUNK_TOKENS,
                    help=f"tokens read and analysed per chunk; bounds memory (default: {DEFAULT_CHUNK_TOKENS})")
-    p.add_argument("--window-tokens", type=int, default=DEFAULT_WINDOW_TOKENS,
+    p.add_argument("--window-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_WINDOW_TOKENS,
                    help=f"drift window in tokens, trace order (default: {DEFAULT_WINDOW_TOKENS})")
-    p.add_argument("--top-n", type=int, default=None, help="n of the prefill-decode top-n overlap (default: k)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the domain classifier's split (default: 0)")
-    p.add_argument("--test-fraction", type=float, default=0.3,
+    p.add_argument("--top-n", type=int_in(1, 1 << 16), default=None,
+                   help="n of the prefill-decode top-n overlap (default: k)")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0,
+                   help="seed of the domain classifier's split (default: 0)")
+    p.add_argument("--test-fraction", type=float_in(0, 1, lo_open=True, hi_open=True), default=0.3,
                    help="held-out share per domain for the classifier (default: 0.3)")
-    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+    p.add_argument("--max-request-bytes", type=int_in(1, 1 << 40), default=DEFAULT_MAX_REQUEST_BYTES,
                    help="memory for per-request count vectors; beyond it a seeded subset of requests is tracked "
                         f"(default: {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from moeplace.cli import MAX_REDUNDANT, cluster_spec, float_in, int_in, output_dir
 from moeplace.data import default_trace_path
 from moeplace.demo import DemoConfig, run_demo
 
@@ -30,13 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example:\n  moeplace demo --out out/demo --cluster 4x2 --redundant 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", default="out/demo", help="folder for the demo's reports (default: out/demo)")
+    p.add_argument("--out", type=output_dir, default="out/demo",
+                   help="folder for the demo's reports (default: out/demo)")
     p.add_argument("--trace", default=None, help="trace to run on (default: the bundled default trace)")
-    p.add_argument("--cluster", default="4x2", help="NODESxGPUS (default: 4x2)")
-    p.add_argument("--redundant", type=int, default=8, help="redundant slots per layer (default: 8)")
+    p.add_argument("--cluster", type=cluster_spec, default="4x2", help="NODESxGPUS (default: 4x2)")
+    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=8,
+                   help="redundant slots per layer (default: 8)")
     p.add_argument("--strategies", default=None, help="comma-separated strategies to compare (default: all)")
     p.add_argument("--export-strategy", default="joint", help="strategy whose plan is exported (default: joint)")
-    p.add_argument("--holdout", type=float, default=0.25, help="fraction of requests held out for scoring")
-    p.add_argument("--seed", type=int, default=0, help="seed for the window split and the strategies")
+    p.add_argument("--holdout", type=float_in(0, 1, lo_open=True, hi_open=True), default=0.25,
+                   help="fraction of requests held out for scoring")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed for the window split and the strategies")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_demo)

@@ -3,54 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-import numpy as np
-
-from moeplace.cli import CliError
+from moeplace.cli import (
+    MAX_REDUNDANT,
+    CliError,
+    cluster_spec,
+    float_in,
+    fraction,
+    fraction_list,
+    input_file,
+    int_in,
+    output_file,
+)
 from moeplace.evaluate import DEFAULT_PREFIX_TOKENS, format_table, run_compare
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan
 from moeplace.plan.base import workload_from_trace
+from moeplace.plan.export import MAX_DECODER_LAYERS
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS
-
-
-def read_load(path: str) -> np.ndarray:
-    """float [L, E] from a JSON [L][E], a JSON object with ``logical_count`` ([L][E] or [B][L][E], summed over B),
-    or an SGLang expert-distribution dump ``.pt`` with ``logical_count`` [B, L, E]."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such load file")
-    if p.suffix == ".pt":
-        try:
-            import torch
-        except ImportError:
-            raise ValueError(f"{p}: reading a .pt dump needs torch, which is not installed") from None
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-        if not isinstance(obj, dict) or "logical_count" not in obj:
-            raise ValueError(f"{p}: expected an SGLang stat dump (a dict with 'logical_count')")
-        arr = np.asarray(obj["logical_count"].float().numpy() if hasattr(obj["logical_count"], "numpy")
-                         else obj["logical_count"], np.float64)
-    else:
-        try:
-            obj = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{p}: not valid JSON ({e})") from None
-        if isinstance(obj, dict):
-            if "logical_count" not in obj:
-                raise ValueError(f"{p}: a JSON object must have 'logical_count' [L][E] (SGLang's format)")
-            obj = obj["logical_count"]
-        try:
-            arr = np.asarray(obj, np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"{p}: load must be a rectangular [L][E] array of numbers") from None
-    if arr.ndim == 3:
-        arr = arr.sum(axis=0)
-    if arr.ndim != 2:
-        raise ValueError(f"{p}: load must have shape [L, E] (or [buffer, L, E]), got {arr.shape}")
-    return arr
+from moeplace.plan.loadfile import read_load
 
 
 def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) -> tuple[Workload, str, dict]:
@@ -103,7 +75,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
     for n in names:
         get_strategy(n)
-    floors = [float(x) for x in args.sweep_floor.split(",")] if args.sweep_floor else None
+    floors = list(args.sweep_floor) if args.sweep_floor else None
     if args.plot and not floors:
         raise CliError("--plot draws the floor sweep: give --sweep-floor too")
 
@@ -139,20 +111,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", help="NODESxGPUS, e.g. 4x2")
-    p.add_argument("--redundant", type=int, default=0, help="redundant slots per layer R (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--groups", type=int, default=None, help="eplb: the model's expert groups (DeepSeek-V3: 8); "
+    p.add_argument("--cluster", type=cluster_spec, help="NODESxGPUS, e.g. 4x2")
+    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
+                   help="redundant slots per layer R (default 0; at most E * (W - 1))")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="random seed (default 0)")
+    p.add_argument("--groups", type=int_in(1, 1 << 16), default=None,
+                   help="eplb: the model's expert groups (DeepSeek-V3: 8); "
                    "default 1 (global policy)")
-    p.add_argument("--balance-floor", type=float, default=DEFAULT_BALANCE_FLOOR,
+    p.add_argument("--balance-floor", type=fraction, default=DEFAULT_BALANCE_FLOOR,
                    help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
-    p.add_argument("--search-evals", type=int, default=None,
+    p.add_argument("--search-evals", type=int_in(0, 10**9), default=None,
                    help=f"joint: moves its local searches evaluate per layer (default {DEFAULT_SEARCH_EVALS}); the "
                         "budget counts work, so the plan is the same on any machine")
-    p.add_argument("--time-limit", type=float, default=None,
+    p.add_argument("--time-limit", type=float_in(0, 1e6, lo_open=True), default=None,
                    help="joint: optional wall-clock cap in seconds on its searches (off by default; a plan that hit "
                         "it records so and is no longer reproducible)")
-    p.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS,
+    p.add_argument("--prefix-tokens", type=int_in(0, 1 << 20), default=DEFAULT_PREFIX_TOKENS,
                    help="requests without prefill use their first N decode tokens as the grouping signal "
                         f"(default {DEFAULT_PREFIX_TOKENS})")
 
@@ -170,10 +144,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", nargs="?", help="trace directory (per-token or counts-only)")
-    p.add_argument("--load", help="plan from a load matrix instead: JSON [L][E], JSON {logical_count: ...} or an "
+    p.add_argument("--load", type=input_file,
+                   help="plan from a load matrix instead: JSON [L][E], JSON {logical_count: ...} or an "
                    "SGLang stat dump .pt")
     p.add_argument("--strategy", choices=list(STRATEGIES), metavar="NAME", help=f"one of: {names}")
-    p.add_argument("--out", help="plan JSON to write")
+    p.add_argument("--out", type=output_file, help="plan JSON to write")
     p.add_argument("--list", action="store_true", help="list the strategies and what each needs")
     _common(p)
     p.set_defaults(func=cmd_plan)
@@ -189,18 +164,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("trace", help="per-token trace directory")
     c.add_argument("--strategies", help=f"comma-separated subset of: {names} (default: all)")
-    c.add_argument("--holdout", type=float, default=0.25, help="fraction of requests held out (default 0.25)")
+    c.add_argument("--holdout", type=float_in(0, 1, lo_open=True, hi_open=True), default=0.25,
+                   help="fraction of requests held out (default 0.25)")
     c.add_argument("--split", choices=("random", "ordered"), default="random",
                    help="held-out requests: a seeded random subset, or the last ones of the table (default random)")
     c.add_argument("--arrival", choices=("table", "mixed"), default="table",
                    help="arrival order of held-out requests, which decides micro-batches: the trace's table order, "
                         "or a seeded mix of all kinds (default table)")
-    c.add_argument("--sweep-floor", help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
-    c.add_argument("--plot", help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
-    c.add_argument("--json", help="write the results JSON here")
+    c.add_argument("--sweep-floor", type=fraction_list,
+                   help="comma-separated balance floors for joint's frontier, e.g. 0.9,0.95,0.97")
+    c.add_argument("--plot", type=output_file,
+                   help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
+    c.add_argument("--json", type=output_file, help="write the results JSON here")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     _common(c)
-    c.set_defaults(func=lambda a: cmd_compare(a) if a.cluster else _need_cluster())
+    c.set_defaults(func=cmd_compare, check=_check_compare)
 
     e = sub.add_parser(
         "export", help="write a plan as SGLang's or vLLM's expert mapping",
@@ -210,14 +188,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example:\n  moeplace export plan.json --format sglang --trace ds.trace --out init_location.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument("plan", help="plan JSON from 'moeplace plan'")
+    e.add_argument("plan", type=input_file, help="plan JSON from 'moeplace plan'")
     e.add_argument("--format", required=True, choices=("sglang", "vllm"))
-    e.add_argument("--out", required=True, help="JSON file to write")
+    e.add_argument("--out", required=True, type=output_file, help="JSON file to write")
     e.add_argument("--trace", help="trace whose moe_layer_map places MoE layers among decoder layers (sglang)")
-    e.add_argument("--num-decoder-layers", type=int, help="sglang: decoder layers of the model (default: last "
+    e.add_argument("--num-decoder-layers", type=int_in(1, MAX_DECODER_LAYERS),
+                   help="sglang: decoder layers of the model (default: last "
                    "MoE layer + 1)")
     e.set_defaults(func=cmd_export)
 
 
-def _need_cluster() -> int:
-    raise CliError("--cluster is required, e.g. --cluster 4x2")
+def _check_compare(args: argparse.Namespace) -> None:
+    if not args.cluster:
+        raise CliError("--cluster is required, e.g. --cluster 4x2")
+    if args.plot and not args.sweep_floor:
+        raise CliError("--plot draws the --sweep-floor frontier; give --sweep-floor too (e.g. 0.9,0.95)")

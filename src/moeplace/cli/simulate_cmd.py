@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, float_in, input_file, int_in, output_file
 from moeplace.placement import Cluster, Plan
 from moeplace.simulate import RULES, BatchConfig, CostConfig, simulate
 
@@ -66,25 +67,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="trace directory (per-token)")
-    p.add_argument("--plan", help="plan JSON from `moeplace plan` (default: linear placement, round-robin homes)")
+    p.add_argument("--plan", type=input_file,
+                   help="plan JSON from `moeplace plan` (default: linear placement, round-robin homes)")
     p.add_argument("--cluster", help="NODESxGPUS (e.g. 4x8) or a cluster preset name; with --cluster-preset, "
                    "the number of nodes")
     p.add_argument("--cluster-preset", help="links and GPU speed from a preset (see docs/PRESETS.md)")
-    p.add_argument("--redundant", type=int, default=0, help="redundant slots for the default linear placement")
+    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
+                   help="redundant slots for the default linear placement")
     p.add_argument("--rule", choices=RULES, default=RULES[0], help="replica choice rule (default: %(default)s)")
     d = CostConfig()
-    p.add_argument("--hidden-size", type=int, default=None, help="elements per token vector (default: trace meta)")
-    p.add_argument("--dispatch-bytes", type=float, default=d.dispatch_bytes,
+    p.add_argument("--hidden-size", type=int_in(1, 1 << 20), default=None,
+                   help="elements per token vector (default: trace meta)")
+    p.add_argument("--dispatch-bytes", type=float_in(0, 64, lo_open=True), default=d.dispatch_bytes,
                    help="bytes per element sent by dispatch (default: %(default)s = fp8)")
-    p.add_argument("--combine-bytes", type=float, default=d.combine_bytes,
+    p.add_argument("--combine-bytes", type=float_in(0, 64, lo_open=True), default=d.combine_bytes,
                    help="bytes per element returned by combine (default: %(default)s = bf16)")
     b = BatchConfig()
-    p.add_argument("--decode-batch", type=int, default=b.decode_batch,
+    p.add_argument("--decode-batch", type=int_in(1, 1 << 20), default=b.decode_batch,
                    help="requests per decode window (default: %(default)s)")
-    p.add_argument("--prefill-tokens", type=int, default=b.prefill_tokens,
+    p.add_argument("--prefill-tokens", type=int_in(1, MAX_TOKENS), default=b.prefill_tokens,
                    help="prefill micro-batch token budget (default: %(default)s)")
-    p.add_argument("--chunk-tokens", type=int, default=16384, help="tokens read per chunk (memory bound)")
-    p.add_argument("--json", help="write the full result JSON here")
+    p.add_argument("--chunk-tokens", type=int_in(1, MAX_TOKENS), default=16384,
+                   help="tokens read per chunk (memory bound)")
+    p.add_argument("--json", type=output_file, help="write the full result JSON here")
     p.add_argument("--print-json", action="store_true", help="print the result JSON to stdout (without --json)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     p.set_defaults(func=cmd_simulate)

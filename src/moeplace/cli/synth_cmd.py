@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from moeplace.cli import float_in, int_in, output_dir
 from moeplace.presets import MODEL_PRESETS
 from moeplace.synth import SynthConfig, synthesize
 
@@ -32,30 +33,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                "out.trace",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("out", help="trace directory to write")
+    p.add_argument("out", type=output_dir, help="trace directory to write")
     p.add_argument("--preset", required=True, choices=sorted(MODEL_PRESETS), help="model preset")
-    p.add_argument("--requests", type=int, default=d.num_requests, help="requests (default: %(default)s)")
-    p.add_argument("--prompt-len", type=int, default=d.prompt_len, help="mean prompt tokens (default: %(default)s)")
-    p.add_argument("--gen-len", type=int, default=d.gen_len, help="mean generated tokens (default: %(default)s)")
-    p.add_argument("--length-jitter", type=float, default=d.length_jitter,
+    p.add_argument("--requests", type=int_in(1, 1 << 22), default=d.num_requests,
+                   help="requests (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int_in(1, 1 << 20), default=d.prompt_len,
+                   help="mean prompt tokens (default: %(default)s)")
+    p.add_argument("--gen-len", type=int_in(0, 1 << 20), default=d.gen_len,
+                   help="mean generated tokens (default: %(default)s)")
+    p.add_argument("--length-jitter", type=float_in(0, 1, hi_open=True), default=d.length_jitter,
                    help="lengths uniform in [1-j, 1+j] x mean (default: %(default)s)")
-    p.add_argument("--load-skew", type=float, default=d.load_skew,
+    p.add_argument("--load-skew", type=float_in(1, 1e6), default=d.load_skew,
                    help="per-layer max/mean expert load (default: %(default)s)")
-    p.add_argument("--domains", type=int, default=d.num_domains, help="number of domains (default: %(default)s)")
+    p.add_argument("--domains", type=int_in(1, 1024), default=d.num_domains,
+                   help="number of domains (default: %(default)s)")
     p.add_argument("--domain-mix", help="comma-separated request shares per domain (default: equal)")
-    p.add_argument("--domain-strength", type=float, default=d.domain_strength,
+    p.add_argument("--domain-strength", type=float_in(0, 1), default=d.domain_strength,
                    help="share of a request's preference shared with its domain, 0..1 (default: %(default)s)")
-    p.add_argument("--request-spread", type=float, default=d.request_spread,
+    p.add_argument("--request-spread", type=float_in(0, 1e3), default=d.request_spread,
                    help="std of request-level logit offsets (default: %(default)s)")
-    p.add_argument("--prefill-decode-corr", type=float, default=d.prefill_decode_corr,
+    p.add_argument("--prefill-decode-corr", type=float_in(-1, 1), default=d.prefill_decode_corr,
                    help="mean Pearson of prefill vs decode expert counts (default: %(default)s)")
-    p.add_argument("--temporal-overlap", type=float, default=d.temporal_overlap,
+    p.add_argument("--temporal-overlap", type=float_in(0, 1), default=d.temporal_overlap,
                    help="share of top-k kept by consecutive decode tokens (default: %(default)s)")
-    p.add_argument("--layer-affinity", type=float, default=d.layer_affinity,
+    p.add_argument("--layer-affinity", type=float_in(0, 1), default=d.layer_affinity,
                    help="probability a new expert follows its previous-layer partner (default: %(default)s)")
-    p.add_argument("--foe-groups", type=int, default=d.foe_groups,
+    p.add_argument("--foe-groups", type=int_in(0, 1024), default=d.foe_groups,
                    help="FoE structure: k/H experts in each of H groups (default: off)")
-    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=d.seed, help="random seed (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing trace directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from moeplace.cli import int_in, output_dir
 from moeplace.trace.describe import format_trace_info
 from moeplace.trace.importers import FORMATS, import_trace
 from moeplace.trace.store import trace_info
@@ -34,13 +35,15 @@ def register(tsub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", required=True, metavar="FORMAT",
                    help=f"input format: {', '.join(FORMATS)}")
     p.add_argument("src", help="input file or directory")
-    p.add_argument("out", help="trace directory to write")
+    p.add_argument("out", type=output_dir, help="trace directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
-    p.add_argument("--limit", type=int, help="gpt-oss-npz: import only the first N generations")
+    p.add_argument("--limit", type=int_in(1, 1 << 40), help="gpt-oss-npz: import only the first N generations")
     p.add_argument("--no-weights", action="store_true", help="gpt-oss-npz: drop routing weights (3x smaller)")
     p.add_argument("--model", help="vllm-routed, sglang-*: model name for the metadata (default: unknown)")
-    p.add_argument("--num-experts", type=int, help="vllm-routed, sglang-per-token: E (default: largest id + 1)")
-    p.add_argument("--top-k", type=int, help="sglang-stat: K, which the stat dump does not record")
-    p.add_argument("--hidden-size", type=int, help="vllm-routed, sglang-*: model hidden size")
-    p.add_argument("--num-shared-experts", type=int, help="vllm-routed, sglang-*: shared experts (default 0)")
+    p.add_argument("--num-experts", type=int_in(1, 32768),
+                   help="vllm-routed, sglang-per-token: E (default: largest id + 1)")
+    p.add_argument("--top-k", type=int_in(1, 1024), help="sglang-stat: K, which the stat dump does not record")
+    p.add_argument("--hidden-size", type=int_in(1, 1 << 20), help="vllm-routed, sglang-*: model hidden size")
+    p.add_argument("--num-shared-experts", type=int_in(0, 1024),
+                   help="vllm-routed, sglang-*: shared experts (default 0)")
     p.set_defaults(func=cmd_import)

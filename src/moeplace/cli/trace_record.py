@@ -6,6 +6,7 @@ import argparse
 import importlib
 from pathlib import Path
 
+from moeplace.cli import device_spec, int_in, output_dir
 from moeplace.trace.capture import ROUTER_CLASSES, load_prompts, record_generate, trace_meta
 
 EPILOG = """examples:
@@ -91,13 +92,15 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help="local Hugging Face model directory (loaded offline), or 'reference'")
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="JSONL prompt file, or 'builtin' (the reference prompt set)")
-    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N", help="tokens to generate per request")
-    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="requests per generate call (default 8)")
-    p.add_argument("--sample-every", type=int, default=1, metavar="n",
+    p.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), required=True, metavar="N",
+                   help="tokens to generate per request")
+    p.add_argument("--batch-size", type=int_in(1, 4096), default=8, metavar="B",
+                   help="requests per generate call (default 8)")
+    p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=1, metavar="n",
                    help="record 1 in n requests, chosen by request id (default 1: all)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    p.add_argument("--device", type=device_spec, default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="weights dtype (default auto: as saved)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
-    p.add_argument("out", metavar="OUT", help="trace directory to write")
+    p.add_argument("out", metavar="OUT", type=output_dir, help="trace directory to write")
     p.set_defaults(func=cmd_record)

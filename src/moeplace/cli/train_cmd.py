@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from moeplace.cli import int_in, output_dir
 from moeplace.models.reference import PRESETS, REFERENCE_DIR, preset
 
 
@@ -36,11 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  moeplace train-reference --config tiny --out /tmp/ref-tiny   # seconds",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", default="out/reference",
+    p.add_argument("--out", type=output_dir, default="out/reference",
                    help=f"folder to write the model to (default: out/reference; the shipped one is {REFERENCE_DIR})")
     p.add_argument("--config", default="default", choices=sorted(PRESETS), help="named config (default: default)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the config's)")
-    p.add_argument("--seed", type=int, default=0, help="init / data order seed (default: 0)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's, 2)")
+    p.add_argument("--steps", type=int_in(1, 10_000_000), default=None, help="optimizer steps (default: the config's)")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="init / data order seed (default: 0)")
+    p.add_argument("--threads", type=int_in(1, 1024), default=None, help="torch threads (default: the config's, 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train_reference)

@@ -102,12 +102,7 @@ def scoring_trace(held: Trace, signal: np.ndarray) -> Trace:
 
 def plan_grouper(plan: Plan) -> Grouper | None:
     """The grouper a plan carries for new requests, or None."""
-    g = getattr(plan, "grouper", None)
-    if g is None:
-        g = plan.extra.get("grouper")
-    if not g:
-        return None
-    return g if isinstance(g, Grouper) else Grouper.from_json(g)
+    return None if plan.grouper is None else Grouper.from_json(plan.grouper.to_json())
 
 
 def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moeplace.placement import Cluster, Placement, Plan
+from moeplace.placement import Cluster, GrouperSpec, Placement, Plan, check_slot_count, typed_from_extra
 from moeplace.plan.activation_clusters import plan_activation_clusters
 from moeplace.plan.base import StrategyResult, Workload, workload_from_tokens
 from moeplace.plan.eplb import plan_eplb
@@ -79,9 +79,11 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
     """Run one strategy on a planning window and return a validated Plan.
 
     ``plan_seconds`` is the time spent inside the strategy. Homes of the window's requests are recorded in
-    ``plan.homes``; a grouper for new requests goes to ``plan.extra["grouper"]``.
+    ``plan.homes``, a grouper for new requests in ``plan.grouper``; the balance outcome, any fallback and the cost
+    model go to the plan's typed fields (from the StrategyResult's fields, else from its legacy ``extra`` keys).
     """
     s = get_strategy(strategy)
+    check_slot_count(work.num_experts, num_redundant, cluster.world_size, work.num_layers)
     if s.needs_tokens and not work.has_tokens:
         raise ValueError(
             f"strategy {strategy!r} needs per-token routing (it uses which experts each token selects together "
@@ -96,11 +98,10 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
     if res.homes is not None and work.request_ids is not None:
         homes = {int(r): int(g) for r, g in zip(work.request_ids.tolist(), np.asarray(res.homes).tolist(),
                                                  strict=True)}
-    extra = dict(res.extra)
-    extra["num_redundant"] = int(num_redundant)
-    if res.grouper is not None:
-        extra["grouper"] = res.grouper.to_json()
-    return Plan(placement, cluster, homes, strategy, dt, planned_on, extra)
+    t = typed_from_extra(dict(res.extra), strategy, f"strategy {strategy!r}: extra")
+    grouper = GrouperSpec.from_json(res.grouper.to_json()) if res.grouper is not None else None
+    return Plan(placement, cluster, homes, strategy, dt, planned_on, t.extra, grouper,
+                res.balance or t.balance, res.fallback or t.fallback, res.cost_model or t.cost_model)
 
 
 __all__ = ["STRATEGIES", "Strategy", "StrategyResult", "Workload", "get_strategy", "make_plan",

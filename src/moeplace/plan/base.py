@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeplace.placement import Cluster
+from moeplace.placement import BalanceOutcome, Cluster, CostModel, Fallback
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,18 @@ class Workload:
 
 @dataclass
 class StrategyResult:
-    """What a strategy returns."""
+    """What a strategy returns. :func:`moeplace.plan.make_plan` turns it into a Plan; the typed outcome fields go
+    to the plan's fields of the same name. Strategies that still report ``fallback``, ``balance_floor`` +
+    ``planning_balancedness`` or ``cost_model`` in ``extra`` are mapped by
+    :func:`moeplace.placement.typed_from_extra`."""
 
     phy2log: np.ndarray  # int64 [L, P]
     homes: np.ndarray | None = None  # int64 [Rq]: home GPU of each planning-window request (None: round-robin)
     grouper: object | None = None  # a grouping.Grouper for new requests (None: round-robin)
-    extra: dict = field(default_factory=dict)  # parameters and diagnostics (JSON-serialisable)
+    extra: dict = field(default_factory=dict)  # free-form parameters and diagnostics (JSON-serialisable)
+    balance: BalanceOutcome | None = None  # the floor and what the strategy reached (strategies with a floor)
+    fallback: Fallback | None = None  # set when the strategy used another method's result
+    cost_model: CostModel | None = None  # the cost it minimised, when it used one
 
 
 def request_expert_counts(token_request: np.ndarray, expert_ids: np.ndarray, num_requests: int,

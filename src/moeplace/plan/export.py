@@ -22,10 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace import schema
 from moeplace.io import atomic_write_json
 from moeplace.placement import Placement, Plan
 
 FORMATS = ("sglang", "vllm")
+MAX_DECODER_LAYERS = 10000  # D: bounds the [D, P] SGLang map (DeepSeek-V3 has 61)
 
 
 def to_sglang(placement: Placement, moe_layer_map: list[int] | None = None,
@@ -43,6 +45,8 @@ def to_sglang(placement: Placement, moe_layer_map: list[int] | None = None,
     if len(set(lm)) != L or min(lm) < 0:
         raise ValueError(f"moe_layer_map must list distinct non-negative layer ids, got {lm}")
     D = max(lm) + 1 if num_decoder_layers is None else int(num_decoder_layers)
+    if D > MAX_DECODER_LAYERS:
+        raise ValueError(f"num_decoder_layers={D}: at most {MAX_DECODER_LAYERS} decoder layers")
     if D <= max(lm):
         raise ValueError(f"num_decoder_layers={D} is too small for MoE layer id {max(lm)}")
     rows = np.tile(np.arange(P) % E, (D, 1))
@@ -50,15 +54,26 @@ def to_sglang(placement: Placement, moe_layer_map: list[int] | None = None,
     return {"physical_to_logical_map": rows.tolist()}
 
 
-def from_sglang(d: dict, num_experts: int, num_gpus: int, moe_layer_map: list[int] | None = None) -> Placement:
-    """Read an SGLang init-expert-location mapping back (the MoE rows only)."""
-    if not isinstance(d, dict) or "physical_to_logical_map" not in d:
-        raise ValueError("SGLang mapping: expected a JSON object with 'physical_to_logical_map'")
-    rows = np.asarray(d["physical_to_logical_map"], np.int64)
-    if rows.ndim != 2:
-        raise ValueError(f"SGLang mapping: physical_to_logical_map must be [layers][P], got shape {rows.shape}")
-    lm = list(range(rows.shape[0])) if moe_layer_map is None else list(moe_layer_map)
-    return Placement(rows[lm], num_experts, num_gpus)
+def from_sglang(d: object, num_experts: int, num_gpus: int, moe_layer_map: list[int] | None = None,
+                where: str = "SGLang mapping") -> Placement:
+    """Read an SGLang init-expert-location mapping back (the MoE rows only); errors name ``where`` and the field."""
+    m = schema.validate(schema.SGLangMappingJSON, d, where)
+    rows = _matrix(m.physical_to_logical_map, where, "physical_to_logical_map")
+    lm = list(range(rows.shape[0])) if moe_layer_map is None else [int(x) for x in moe_layer_map]
+    if any(not 0 <= x < rows.shape[0] for x in lm):
+        raise schema.SchemaError(f"{where}: physical_to_logical_map has {rows.shape[0]} layers; the MoE layer map "
+                                 f"needs {max(lm) + 1}")
+    try:
+        return Placement(rows[lm], num_experts, num_gpus)
+    except ValueError as e:
+        raise schema.SchemaError(f"{where}: {e}") from None
+
+
+def _matrix(rows: list[list[int]], where: str, name: str) -> np.ndarray:
+    """int64 [L, P] from validated rows; SchemaError when they are ragged or empty."""
+    if not rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise schema.SchemaError(f"{where}: {name}: expected a non-empty rectangular [layers][slots] array")
+    return np.asarray(rows, np.int64)
 
 
 def to_vllm(placement: Placement) -> dict:
@@ -79,20 +94,30 @@ def to_vllm(placement: Placement) -> dict:
     }
 
 
-def from_vllm(d: dict, num_experts: int | None = None) -> Placement:
-    """Read the vLLM EPLB JSON back; checks that the three arrays agree."""
-    for k in ("physical_to_logical_map", "logical_to_physical_map", "logical_replica_count", "ep_size"):
-        if k not in d:
-            raise ValueError(f"vLLM mapping: missing key {k!r}")
-    p2l = np.asarray(d["physical_to_logical_map"], np.int64)
-    E = int(num_experts) if num_experts is not None else len(d["logical_replica_count"][0])
-    pl = Placement(p2l, E, int(d["ep_size"]))
-    if not np.array_equal(np.asarray(d["logical_replica_count"]), pl.replica_count):
-        raise ValueError("vLLM mapping: logical_replica_count disagrees with physical_to_logical_map")
-    l2p = np.asarray(d["logical_to_physical_map"], np.int64)
+def from_vllm(d: object, num_experts: int | None = None, where: str = "vLLM mapping") -> Placement:
+    """Read the vLLM EPLB JSON back; checks the schema and that the three arrays agree."""
+    m = schema.validate(schema.VLLMMappingJSON, d, where)
+    p2l = _matrix(m.physical_to_logical_map, where, "physical_to_logical_map")
+    rc = _matrix(m.logical_replica_count, where, "logical_replica_count")
+    E = int(num_experts) if num_experts is not None else rc.shape[1]
+    try:
+        pl = Placement(p2l, E, m.ep_size)
+    except ValueError as e:
+        raise schema.SchemaError(f"{where}: {e}") from None
+    if rc.shape != pl.replica_count.shape or not np.array_equal(rc, pl.replica_count):
+        raise schema.SchemaError(f"{where}: logical_replica_count disagrees with physical_to_logical_map")
+    if m.num_redundant_experts != pl.num_slots - E:
+        raise schema.SchemaError(f"{where}: num_redundant_experts={m.num_redundant_experts} but the map has "
+                                 f"{pl.num_slots} slots for {E} experts")
+    l2p = m.logical_to_physical_map
     cur = pl.log2phy
+    width = {len(row) for layer in l2p for row in layer}
+    if len(l2p) != pl.num_layers or any(len(layer) != E for layer in l2p) or len(width) != 1 \
+            or width.pop() < cur.shape[2]:
+        raise schema.SchemaError(f"{where}: logical_to_physical_map must be [{pl.num_layers}][{E}][R + 1]")
+    l2p = np.asarray(l2p, np.int64)
     if not np.array_equal(l2p[:, :, : cur.shape[2]], cur) or (l2p[:, :, cur.shape[2]:] != -1).any():
-        raise ValueError("vLLM mapping: logical_to_physical_map disagrees with physical_to_logical_map")
+        raise schema.SchemaError(f"{where}: logical_to_physical_map disagrees with physical_to_logical_map")
     return pl
 
 

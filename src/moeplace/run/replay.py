@@ -11,6 +11,7 @@ micro-batch and layer, its own tokens through :class:`~moeplace.run.layer.MoELay
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -162,8 +163,7 @@ def predict(sub: Trace, plan: Plan, cfg: ReplayConfig, batching: BatchConfig, ru
     F = cfg.ffn or cfg.hidden
     cost = CostConfig(hidden_size=cfg.hidden, dispatch_bytes=b, combine_bytes=b, pair_flops=4.0 * cfg.hidden * F)
     if cluster is not None:
-        plan = Plan(plan.placement, cluster, plan.homes, plan.strategy, plan.plan_seconds, plan.planned_on,
-                    plan.extra)
+        plan = dataclasses.replace(plan, cluster=cluster)
     return simulate(sub, plan, cost=cost, batching=batching, rule=rule)
 
 
