@@ -155,3 +155,17 @@ def test_workload_prefix_signal_for_decode_only_requests():
     w = workload_from_tokens(rid, phase, ids, 2, prefix_tokens=2)
     assert w.admission_rows.tolist() == [True, True, False, True, False, False]
     np.testing.assert_array_equal(w.load, load_from_tokens(ids[~w.admission_rows], 2))
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_node_with_more_slots_than_experts(name, work):
+    """2x2 GPUs, E=16, R=20: each node holds 18 slots, more than there are experts (once a broadcast error)."""
+    kw = {"search_evals": 200, "iters": 1} if name == "joint" else {}
+    plan = make_plan(name, work, Cluster(2, 2), num_redundant=20, **kw)
+    p2l = plan.placement.phy2log
+    assert p2l.shape == (3, 36)
+    for layer in range(3):
+        assert set(p2l[layer].tolist()) == set(range(16))  # every expert placed
+        for g in range(4):
+            row = p2l[layer, g * 9:(g + 1) * 9]
+            assert len(set(row.tolist())) == 9  # no GPU holds two copies of one expert

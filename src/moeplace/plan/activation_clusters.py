@@ -79,14 +79,33 @@ def place_by_node_affinity(use: np.ndarray, num_slots: int, gpus_per_node: int) 
                 held[n].append(e)
                 placed[e] = True
         for n in range(N):
-            if len(held[n]) < per_node:
-                have = np.zeros(E, bool)
-                have[held[n]] = True
-                cand = [int(e) for e in np.argsort(-u[n], kind="stable") if not have[e]]
-                held[n].extend(cand[: per_node - len(held[n])])
-            node_slots[layer, n] = held[n]
+            node_slots[layer, n] = fill_node_slots(held[n], u[n], per_node, G)
     phy2log = node_slots.reshape(L, P)
     return pack_within_nodes(phy2log, replica_load(phy2log, use, N), N, G)
+
+
+def fill_node_slots(held: list[int], use: np.ndarray, per_node: int, gpus_per_node: int) -> list[int]:
+    """A node's full slot list: ``held`` (experts already placed there), then the node's most used experts it
+    lacks, then, only when the node has more slots than experts, second (third, ...) copies by decreasing
+    ``use / (copies + 1)``, at most one copy per GPU of the node. use: float [E] the node's use of each expert."""
+    E = len(use)
+    out = list(held)
+    copies = np.bincount(np.asarray(out, np.int64), minlength=E) if out else np.zeros(E, np.int64)
+    for e in np.argsort(-use, kind="stable"):
+        if len(out) >= per_node:
+            return out
+        if copies[e] == 0:
+            out.append(int(e))
+            copies[e] += 1
+    while len(out) < per_node:
+        room = copies < gpus_per_node
+        if not room.any():
+            raise ValueError(f"a node with {per_node} slots cannot hold them on {gpus_per_node} GPUs without two "
+                             f"copies of one expert on a GPU ({E} experts)")
+        e = int(np.argmax(np.where(room, use / (copies + 1), -np.inf)))
+        out.append(e)
+        copies[e] += 1
+    return out
 
 
 def pack_within_nodes(phy2log: np.ndarray, slot_load: np.ndarray, num_nodes: int, gpus_per_node: int

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from moeplace.placement import Cluster
-from moeplace.plan.activation_clusters import pack_within_nodes, replica_load
+from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, request_expert_counts
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
 from moeplace.simulate import routing
@@ -234,14 +234,7 @@ def initial_placement(use_node: np.ndarray, num_slots: int, gpus_per_node: int) 
         for e in np.flatnonzero(~placed):  # only when primaries cannot split evenly
             n = min(range(N), key=lambda n: (len(held[n]) >= per_node, -u[n, e]))
             held[n].append(int(e))
-        for n in range(N):
-            have = set(held[n])
-            for e in np.argsort(-u[n], kind="stable"):
-                if len(held[n]) >= per_node:
-                    break
-                if int(e) not in have:
-                    held[n].append(int(e))
-        out[layer] = np.asarray(held)
+        out[layer] = np.asarray([fill_node_slots(held[n], u[n], per_node, gpus_per_node) for n in range(N)])
     p2l = out.reshape(L, P)
     return pack_within_nodes(p2l, replica_load(p2l, use_node, N), N, gpus_per_node)
 

@@ -20,15 +20,15 @@ def round_robin_phy2log(num_layers: int, num_experts: int, num_slots: int, num_g
     """int [L, P]: expert e on GPU e % W (consecutive experts on different GPUs).
 
     Physical item i (i < P) holds expert i % E, and goes to GPU i % W at rank i // W. When W divides E the replica
-    items would land on the GPU of their original, so replicas then hold expert (j + 1) % E instead of j.
+    items would land on the GPU of their original, so the c-th copy round (items cE .. cE + E - 1) is shifted by c:
+    item i holds expert (i + i // E) % E, and copy c of an expert sits c GPUs before copy 0.
     """
     P, W = num_slots, num_gpus
     S = P // W
     item = np.arange(P)
     expert = item % num_experts
     if num_experts % W == 0 and P > num_experts:
-        j = item[num_experts:] - num_experts
-        expert[num_experts:] = (j + 1) % num_experts
+        expert = (item + item // num_experts) % num_experts
     row = np.empty(P, np.int64)
     row[(item % W) * S + item // W] = expert
     return np.tile(row, (num_layers, 1))
