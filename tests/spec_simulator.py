@@ -1,0 +1,313 @@
+"""The simulator's independent specification: plain per-token loops written from docs/MODEL.md and docs/SIMULATOR.md.
+
+``moeplace.simulate`` is held to this file by tests/test_simulate_spec.py. It imports nothing from
+``moeplace.simulate`` (a test parses this file to make sure): only the plan types (``moeplace.placement``) and the
+trace types (``moeplace.trace.store``). Speed is not a goal; clarity is. Every definition below is written as the
+docs state it, one token, one layer, one expert at a time.
+
+Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, P = physical slots, W = GPUs,
+G = GPUs per node, S = slots per GPU (slot p lives on GPU p // S, GPU g on node g // G), B = micro-batches.
+
+Definitions (docs/SIMULATOR.md unless noted):
+
+- request index r = the request's row in the request table; home GPU = the plan's home, else r % W (round-robin
+  in request-table order); prompt[r] = prompt_len, or 1 + the largest prefill position of the request when it is 0.
+- prefill micro-batch of token (r, pos) = (sum(prompt[:r]) + pos) // prefill_tokens; decode micro-batch =
+  (window r // decode_batch, step pos - prompt[r]). Inside a micro-batch tokens go in trace row order.
+- nearest tier of expert e for home h: its slots on h if any, else on h's node, else all of them.
+  ``nearest-least-loaded``: pairs in token order then k order pick the tier slot whose GPU has the fewest pairs so
+  far in this micro-batch and layer (every pair counts), ties to the lowest slot. ``nearest-static``: tier slot
+  number h % len(tier) in slot order.
+- per-GPU dedup: one send home -> g per distinct target GPU g (g == home is the intra-GPU "send", the diagonal).
+  Two-hop: targets on the home node are sent directly; per remote node n one send home -> n*G + home % G (the GPU
+  of the same local rank there), which forwards over NVLink to each other target GPU of node n.
+- per micro-batch and layer, for each send matrix X [W, W]: sends by class (intra-GPU = diagonal, intra-node,
+  inter-node), the largest per-peer message (max off-diagonal entry), and the busiest GPU's max(sent, received)
+  over intra-node links and over inter-node links. Time of a class = alpha + sends * bytes / bandwidth on its
+  busiest GPU (no sends: 0); dispatch and combine each take the slower class; comm = dispatch + combine. Padded:
+  every GPU sends peers_of_class * max message (peers: G - 1 intra-node, W - G inter-node).
+- compute = busiest GPU's pairs * pair_seconds (docs/SIMULATOR.md; docs/MODEL.md's roofline has no memory term
+  here).
+- balancedness = mean_g / max_g of the load per layer (1 where a layer has no load), averaged over layers;
+  imbalance = (max - mean) / mean (0 where no load); LAR = pairs on the home GPU / pairs; node-local rate = pairs
+  on the home node / pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moeplace.placement import Plan
+from moeplace.trace.store import Trace
+
+PHASES = ("prefill", "decode")  # trace phase codes 0 and 1
+MODES = ("per_gpu", "two_hop")
+CLASSES = ("intra_gpu", "intra_node", "inter_node")
+LINK_COUNTS = ("intra_gpu_sends", "intra_node_sends", "inter_node_sends", "max_message_sends", "busiest_intra",
+               "busiest_inter")
+
+
+# --------------------------------------------------------------------------------------------------- requests
+
+
+def prompt_lengths(trace: Trace) -> list[int]:
+    """[R] prompt length of each request (table order): prompt_len, or 1 + its largest prefill position if 0."""
+    rids = [int(x) for x in trace.requests.request_id]
+    row = {rid: r for r, rid in enumerate(rids)}
+    prompt = [int(x) for x in trace.requests.prompt_len]
+    largest = [-1] * len(rids)
+    tk = trace.tokens
+    for rid, pos, ph in zip(tk.request_id.tolist(), tk.position.tolist(), tk.phase.tolist(), strict=True):
+        if ph == 0:
+            largest[row[rid]] = max(largest[row[rid]], pos)
+    return [p if p > 0 else largest[r] + 1 for r, p in enumerate(prompt)]
+
+
+def home_gpus(trace: Trace, plan: Plan) -> list[int]:
+    """[R] home GPU of each request: the plan's, else round-robin r % W in request-table order."""
+    W = plan.cluster.world_size
+    return [int(plan.homes.get(int(rid), r % W)) for r, rid in enumerate(trace.requests.request_id)]
+
+
+def microbatch_key(r: int, pos: int, phase: int, prompt: list[int], prefill_start: list[int], decode_batch: int,
+                   prefill_tokens: int) -> int | tuple[int, int]:
+    """Prefill: the micro-batch number (prompts end to end, cut every prefill_tokens). Decode: (window, step)."""
+    if phase == 0:
+        return (prefill_start[r] + pos) // prefill_tokens
+    return (r // decode_batch, pos - prompt[r])
+
+
+# --------------------------------------------------------------------------------------------------- routing
+
+
+def nearest_tier(slots: list[int], home: int, S: int, G: int) -> list[int]:
+    """The slots (ascending) of one expert that are nearest to GPU ``home``: same GPU, else same node, else all."""
+    def distance(p: int) -> int:
+        g = p // S
+        return 0 if g == home else (1 if g // G == home // G else 2)
+
+    best = min(distance(p) for p in slots)
+    return [p for p in slots if distance(p) == best]
+
+
+def choose_slot(rule: str, tier: list[int], home: int, pairs_on_gpu: list[int], S: int) -> int:
+    """One pair's replica, given the pairs each GPU already got in this micro-batch and layer."""
+    if rule == "nearest-static":
+        return tier[home % len(tier)]
+    if rule == "nearest-least-loaded":
+        return min(tier, key=lambda p: (pairs_on_gpu[p // S], p))
+    raise ValueError(f"unknown replica rule {rule!r}")
+
+
+def per_gpu_sends(home: int, targets: list[int]) -> list[tuple[int, int]]:
+    """(source, destination) sends of one token-layer: one per distinct target GPU."""
+    return [(home, g) for g in sorted(set(targets))]
+
+
+def two_hop_sends(home: int, targets: list[int], G: int) -> list[tuple[int, int]]:
+    """(source, destination) sends of one token-layer under per-node dedup (DeepEP normal)."""
+    out = []
+    home_node = home // G
+    for g in sorted(set(targets)):
+        if g // G == home_node:
+            out.append((home, g))  # inside the home node: direct (g == home is the intra-GPU one)
+    for n in sorted({g // G for g in targets} - {home_node}):
+        land = n * G + home % G  # same local rank on the remote node
+        out.append((home, land))
+        for g in sorted(set(targets)):
+            if g // G == n and g != land:
+                out.append((land, g))  # NVLink forwarding
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- costs
+
+
+def link_counts(X: list[list[int]], G: int) -> dict[str, int]:
+    """Counts of one send matrix X [W][W] (source -> destination), see LINK_COUNTS."""
+    W = len(X)
+    out = dict.fromkeys(LINK_COUNTS, 0)
+    for s in range(W):
+        for d in range(W):
+            if s == d:
+                out["intra_gpu_sends"] += X[s][d]
+            elif s // G == d // G:
+                out["intra_node_sends"] += X[s][d]
+            else:
+                out["inter_node_sends"] += X[s][d]
+            if s != d:
+                out["max_message_sends"] = max(out["max_message_sends"], X[s][d])
+    for g in range(W):
+        for cls, same_node in (("busiest_intra", True), ("busiest_inter", False)):
+            sent = sum(X[g][d] for d in range(W) if d != g and (d // G == g // G) == same_node)
+            received = sum(X[s][g] for s in range(W) if s != g and (s // G == g // G) == same_node)
+            out[cls] = max(out[cls], sent, received)
+    return out
+
+
+def link_time(sends: int, alpha: float, bandwidth: float, send_bytes: float) -> float:
+    """Seconds for ``sends`` messages of ``send_bytes`` over one link (alpha-beta); nothing to send costs 0."""
+    return 0.0 if sends == 0 else alpha + sends * send_bytes / bandwidth
+
+
+def comm_time(intra_sends: int, inter_sends: int, cluster, dispatch_send_bytes: float,
+              combine_send_bytes: float) -> float:
+    """Dispatch + combine seconds, each the slower of the busiest intra-node and inter-node links."""
+    total = 0.0
+    for send_bytes in (dispatch_send_bytes, combine_send_bytes):
+        total += max(link_time(intra_sends, cluster.intra_latency, cluster.intra_bw, send_bytes),
+                     link_time(inter_sends, cluster.inter_latency, cluster.inter_bw, send_bytes))
+    return total
+
+
+def _balance(load_row: list[int]) -> tuple[float, float]:
+    """(balancedness mean/max, imbalance (max - mean)/mean) of one layer's load per GPU."""
+    mean = sum(load_row) / len(load_row)
+    mx = max(load_row)
+    return (mean / mx if mx > 0 else 1.0), ((mx - mean) / mean if mean > 0 else 0.0)
+
+
+def phase_summary(ph: dict) -> dict:
+    """Load and locality figures of one phase dict from :func:`spec_simulate` (or a merge of two)."""
+    load = ph["load"].tolist()
+    L = len(load)
+    bal = [_balance(row)[0] for row in load]
+    imb = [_balance(row)[1] for row in load]
+    pairs = ph["pairs"].tolist()
+    lar = [a / p if p else 0.0 for a, p in zip(ph["local"].tolist(), pairs, strict=True)]
+    nlr = [a / p if p else 0.0 for a, p in zip(ph["node_local"].tolist(), pairs, strict=True)]
+    tot = sum(pairs)
+    return {
+        "balancedness_per_layer": bal, "balancedness": sum(bal) / L if L else 1.0,
+        "imbalance_per_layer": imb, "imbalance": sum(imb) / L if L else 0.0,
+        "lar_per_layer": lar, "lar": sum(ph["local"].tolist()) / tot if tot else 0.0,
+        "node_local_per_layer": nlr, "node_local_rate": sum(ph["node_local"].tolist()) / tot if tot else 0.0,
+    }
+
+
+# --------------------------------------------------------------------------------------------------- simulator
+
+
+def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_bytes: float,
+                  combine_bytes: float, pair_seconds: float, decode_batch: int, prefill_tokens: int) -> dict:
+    """Replay a per-token in-memory trace on a plan, one token, layer and expert at a time.
+
+    Returns {"prefill": phase, "decode": phase}; a phase is a dict with
+    ``microbatches`` (sorted keys: int for prefill, (window, step) for decode), ``num_tokens``,
+    ``dispatch_send_bytes`` and ``combine_send_bytes`` (bytes of one send: hidden x bytes per element), exact integer
+    arrays ``pairs [L]``, ``load [L, W]``, ``local [L]``, ``node_local [L]``, ``sends[mode] [L, W, W]``, and
+    ``per_microbatch[name] [B, L]``: ``{mode}.{count}`` for every count of LINK_COUNTS, ``{mode}.comm_time``,
+    ``{mode}.comm_time_padded``, ``compute_time``, ``pairs``, ``max_load``.
+    """
+    cluster = plan.cluster
+    W, G = cluster.world_size, cluster.gpus_per_node
+    L, K = trace.meta.num_layers, trace.meta.top_k
+    p2l = plan.placement.phy2log.tolist()
+    P = len(p2l[0])
+    S = P // W
+    dispatch_send_bytes = hidden * dispatch_bytes
+    combine_send_bytes = hidden * combine_bytes
+
+    # the nearest tier depends only on (layer, expert, home)
+    tier = [[[nearest_tier([p for p in range(P) if p2l[layer][p] == e], h, S, G) for h in range(W)]
+             for e in range(trace.meta.num_experts)] for layer in range(L)]
+
+    rids = [int(x) for x in trace.requests.request_id]
+    row_of = {rid: r for r, rid in enumerate(rids)}
+    prompt = prompt_lengths(trace)
+    prefill_start = [sum(prompt[:r]) for r in range(len(prompt))]
+    home = home_gpus(trace, plan)
+
+    tk = trace.tokens
+    ids = tk.expert_ids.tolist()  # [T][L][K]
+    members: dict[tuple[int, object], list[int]] = {}  # (phase, micro-batch key) -> token rows in trace order
+    token_home = []  # [T]
+    for t, (rid, pos, ph) in enumerate(zip(tk.request_id.tolist(), tk.position.tolist(), tk.phase.tolist(),
+                                           strict=True)):
+        r = row_of[rid]
+        token_home.append(home[r])
+        key = microbatch_key(r, pos, ph, prompt, prefill_start, decode_batch, prefill_tokens)
+        members.setdefault((ph, key), []).append(t)
+
+    out = {}
+    for code, name in enumerate(PHASES):
+        keys = sorted(k for (p, k) in members if p == code)
+        pairs = [0] * L
+        local = [0] * L
+        node_local = [0] * L
+        load = [[0] * W for _ in range(L)]
+        sends = {m: [[[0] * W for _ in range(W)] for _ in range(L)] for m in MODES}
+        per_mb: dict[str, list[list]] = {}
+        num_tokens = 0
+        for key in keys:
+            rows = members[(code, key)]
+            num_tokens += len(rows)
+            mb_row: dict[str, list] = {}
+            for layer in range(L):
+                pairs_on_gpu = [0] * W
+                X = {m: [[0] * W for _ in range(W)] for m in MODES}
+                for t in rows:
+                    h = token_home[t]
+                    targets = []
+                    for k in range(K):
+                        e = ids[t][layer][k]
+                        g = choose_slot(rule, tier[layer][e][h], h, pairs_on_gpu, S) // S
+                        pairs_on_gpu[g] += 1
+                        targets.append(g)
+                        pairs[layer] += 1
+                        local[layer] += g == h
+                        node_local[layer] += g // G == h // G
+                    for s, d in per_gpu_sends(h, targets):
+                        X["per_gpu"][s][d] += 1
+                    for s, d in two_hop_sends(h, targets, G):
+                        X["two_hop"][s][d] += 1
+                for g in range(W):
+                    load[layer][g] += pairs_on_gpu[g]
+                for m in MODES:
+                    for s in range(W):
+                        for d in range(W):
+                            sends[m][layer][s][d] += X[m][s][d]
+                    c = link_counts(X[m], G)
+                    for cname, v in c.items():
+                        mb_row.setdefault(f"{m}.{cname}", []).append(v)
+                    mb_row.setdefault(f"{m}.comm_time", []).append(
+                        comm_time(c["busiest_intra"], c["busiest_inter"], cluster, dispatch_send_bytes,
+                                  combine_send_bytes))
+                    mb_row.setdefault(f"{m}.comm_time_padded", []).append(
+                        comm_time((G - 1) * c["max_message_sends"], (W - G) * c["max_message_sends"], cluster,
+                                  dispatch_send_bytes, combine_send_bytes))
+                mb_row.setdefault("compute_time", []).append(max(pairs_on_gpu) * pair_seconds)
+                mb_row.setdefault("pairs", []).append(sum(pairs_on_gpu))
+                mb_row.setdefault("max_load", []).append(max(pairs_on_gpu))
+            for k, v in mb_row.items():
+                per_mb.setdefault(k, []).append(v)
+        names = [f"{m}.{c}" for m in MODES for c in LINK_COUNTS] + [
+            f"{m}.{c}" for m in MODES for c in ("comm_time", "comm_time_padded")] + ["compute_time", "pairs",
+                                                                                     "max_load"]
+        per_microbatch = {}
+        for n in names:
+            floats = "time" in n
+            per_microbatch[n] = (np.array(per_mb[n], float if floats else np.int64) if keys
+                                 else np.zeros((0, L), float if floats else np.int64))
+        out[name] = {
+            "microbatches": keys, "num_tokens": num_tokens, "dispatch_send_bytes": dispatch_send_bytes,
+            "combine_send_bytes": combine_send_bytes, "pairs": np.array(pairs, np.int64),
+            "load": np.array(load, np.int64).reshape(L, W), "local": np.array(local, np.int64),
+            "node_local": np.array(node_local, np.int64),
+            "sends": {m: np.array(sends[m], np.int64).reshape(L, W, W) for m in MODES},
+            "per_microbatch": per_microbatch,
+        }
+    return out
+
+
+def merge_phases(a: dict, b: dict) -> dict:
+    """Both phases together: counts added, micro-batches listed a then b."""
+    return {
+        "microbatches": list(a["microbatches"]) + list(b["microbatches"]),
+        "num_tokens": a["num_tokens"] + b["num_tokens"],
+        "dispatch_send_bytes": a["dispatch_send_bytes"], "combine_send_bytes": a["combine_send_bytes"],
+        **{k: a[k] + b[k] for k in ("pairs", "load", "local", "node_local")},
+        "sends": {m: a["sends"][m] + b["sends"][m] for m in MODES},
+        "per_microbatch": {k: np.concatenate([a["per_microbatch"][k], b["per_microbatch"][k]])
+                           for k in a["per_microbatch"]},
+    }
