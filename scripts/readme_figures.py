@@ -7,7 +7,7 @@ format spec, optionally a scale factor; the text between the markers is generate
     <!-- fig analyse_speed:results/gpt-oss-20b/moeplace_per_s:.1f:1e-6 -->39.2<!-- /fig --> M decisions/s
 
 ``simulate_speed`` is bench/results/simulate_speed.json; the path is '/'-separated keys (list indices as
-numbers); the value is multiplied by the scale (default 1) and formatted with ``format(value, spec)``.
+numbers; keys may hold spaces, not ':' or '/'); the value is multiplied by the scale (default 1) and formatted with ``format(value, spec)``.
 
     python scripts/readme_figures.py            # rewrite every marked figure from the results
     python scripts/readme_figures.py --check    # exit 1 listing each figure that is stale or points nowhere
@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-FIG = re.compile(r"<!-- fig (?P<spec>[^ ]+) -->(?P<text>.*?)<!-- /fig -->", re.S)
+FIG = re.compile(r"<!-- fig (?P<spec>[^\n]+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ def render(spec: str, results: Path = RESULTS) -> str:
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise ValueError(f"figure spec {spec!r}: {path!r} in {src.name} is {node!r}, not a number")
     try:
-        scale = float(parts[3]) if len(parts) == 4 else 1.0
-        return format(node * scale, fmt)
+        return format(node * float(parts[3]) if len(parts) == 4 else node, fmt)
     except ValueError as e:
         raise ValueError(f"figure spec {spec!r}: {e}") from None
 
