@@ -7,7 +7,8 @@ format spec, optionally a scale factor; the text between the markers is generate
     <!-- fig analyse_speed:results/gpt-oss-20b/moeplace_per_s:.1f:1e-6 -->39.2<!-- /fig --> M decisions/s
 
 ``simulate_speed`` is bench/results/simulate_speed.json; the path is '/'-separated keys (list indices as
-numbers; keys may hold spaces, not ':' or '/'); the value is multiplied by the scale (default 1) and formatted with ``format(value, spec)``.
+numbers; keys may hold spaces, not ':' or '/'); the value is multiplied by the scale, if given, and formatted
+with ``format(value, spec)``.
 
     python scripts/readme_figures.py            # rewrite every marked figure from the results
     python scripts/readme_figures.py --check    # exit 1 listing each figure that is stale or points nowhere
