@@ -6,14 +6,12 @@ lives for the whole benchmark, as in a real capture; its shard writes are amorti
 Runs are interleaved (the order flips every repeat, so drift hits both sides) and the median per-pair ratio is
 reported. Greedy decoding with EOS off, so both runs compute exactly the same tokens.
 
-    python bench/capture_overhead.py --json capture_overhead.json
+    python bench/capture_overhead.py [--repeats 11] [--json PATH]     # default: bench/results/capture_overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import tempfile
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import BenchRun
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from moeplace.trace import TraceWriter
@@ -50,11 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=11, help="timed pairs (after one warm-up pair)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 keeps shared machines quieter)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--json", type=Path, help="write here instead of bench/results/capture_overhead.json")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)
+    run = BenchRun("capture_overhead", baseline="the same model.generate without hooks (interleaved pairs)")
 
     model = build_model(args.layers, args.hidden, args.experts, args.top_k).to(args.device)
     g = torch.Generator().manual_seed(1)
@@ -143,19 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         "median_plain_s": float(np.median(base)),
         "median_recorded_s": float(np.median(rec)),
         "token_rows_per_run": rows,
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "model": {"arch": "Qwen3MoeForCausalLM (random init)", "L": meta.num_layers, "E": meta.num_experts,
                   "k": meta.top_k, "hidden": meta.hidden_size},
-        "torch": torch.__version__,
-        "platform": platform.platform(),
     }
     print(f"capture overhead: median ratio {result['median_ratio']:.4f} "
           f"({(result['median_ratio'] - 1) * 100:+.1f}%) over {args.repeats} interleaved pairs "
           f"(best-of ratio {result['best_of_ratio']:.4f}, CPU-time ratio {result['median_cpu_time_ratio']:.4f}, "
           f"time inside the recorder {result['median_in_recorder_share'] * 100:.1f}% of plain); "
           f"plain generate {result['median_plain_s']:.2f} s, {rows} token rows recorded per run")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    run.write({"params": {k: v for k, v in vars(args).items() if k != "json"},
+               "excluded": "building the model; one untimed warm-up pair", "results": result}, args.json)
     return 0
 
 

@@ -12,14 +12,13 @@ with tc so they are about r times slower than the unshaped intra-node path) and 
    runs the simulator with the calibrated links on those micro-batches;
 4. prints layer time and inter-node bytes of every plan as ratios to linear, measured vs predicted.
 
-Usage: python bench/ep_layer.py [--quick] [--json out/ep_layer.json]
+Usage: python bench/ep_layer.py [--quick] [--json PATH]   (default: bench/results/ep_layer.json)
 Needs root and iproute2 for the namespaces (falls back to plain loopback, which it says, where not permitted).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from common import BenchRun
 
 REPO = Path(__file__).resolve().parents[1]
 GPT_OSS = REPO.parent / "shared" / "data" / "gpt-oss-20b"
@@ -123,7 +123,7 @@ def plans_for(trace, cluster, args) -> tuple[dict, object]:
     scoring = scoring_trace(win.held, win.held_signal)
     plans = {}
     for name in args.strategies:
-        kw = {"time_budget": args.joint_budget} if name == "joint" else {}
+        kw = {"search_evals": args.joint_evals} if name == "joint" else {}
         p = make_plan(name, win.plan_work, cluster, args.redundant, **kw)
         homes = held_out_homes(p, win.held, win.held_signal)
         plans[name] = Plan(p.placement, cluster, homes, name, p.plan_seconds)
@@ -143,7 +143,7 @@ def run(args) -> dict:
     env = {"PYTHONPATH": os.pathsep.join([BENCH_DIR, os.environ.get("PYTHONPATH", "")])}
     cfg = ReplayConfig(hidden=args.hidden, ffn=args.ffn, repeats=args.repeats, two_hop=args.two_hop, timeout=900)
     batching = BatchConfig(decode_batch=args.batch, prefill_tokens=8192)
-    report: dict = {"config": vars(args), "clusters": {}}
+    report: dict = {"clusters": {}}
     with tempfile.TemporaryDirectory() as tmp:
         traces = load_traces(Path(tmp), args.quick)
         for spec in args.clusters:
@@ -243,16 +243,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--redundant", type=int, default=4, help="redundant slots per layer")
     ap.add_argument("--holdout", type=float, default=0.5)
-    ap.add_argument("--joint-budget", type=float, default=10.0, help="seconds for the joint strategy's search")
+    ap.add_argument("--joint-evals", type=int, default=1000, help="moves the joint strategy's search evaluates per layer")
     ap.add_argument("--two-hop", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer gpt-oss generations")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write here instead of bench/results/ep_layer.json")
     args = ap.parse_args(argv)
+    bench = BenchRun("ep_layer", baseline="the linear plan on the same emulated cluster, and the simulator's "
+                                          "prediction for the same micro-batches")
     report = run(args)
     print_table(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    bench.write({"params": {k: v for k, v in vars(args).items() if k != "json"},
+                 "excluded": "planning, link calibration and process start-up (timed: the layer calls only)",
+                 "results": report}, args.json)
     return 0
 
 

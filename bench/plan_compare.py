@@ -18,6 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from common import BenchRun
+
+from moeplace.io import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "gpt-oss-20b"
 
@@ -48,6 +52,8 @@ def main() -> int:
                     help="KEY=VALUE strategy parameter (a JSON number), e.g. robust=0 for joint; repeatable")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "plan_compare"))
     args = ap.parse_args()
+    run = BenchRun("plan_compare", baseline="the linear placement with round-robin homes, scored on the same "
+                                            "held-out requests (every figure is a ratio to it)")
 
     from moeplace.evaluate import compare, format_table
     from moeplace.placement import Cluster
@@ -75,9 +81,9 @@ def main() -> int:
                "```", format_table(res), "```", ""]
         print(format_table(res), flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    run.write({"params": {k: v for k, v in vars(args).items() if k != "out"}, "results": results},
+              out.with_suffix(".json"))
+    atomic_write_text("\n".join(md) + "\n", out.with_suffix(".md"))
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
     return 0
 

@@ -1,52 +1,64 @@
-"""Simulator speed: token-layer routings simulated per second, compiled path vs the per-token reference loop.
+"""Simulator speed against the spec: token-layers per second of ``moeplace.simulate.simulate`` and of the plain
+Python specification ``tests/spec_simulator.py`` (``spec_simulate``), on the same traces in the same run.
 
-A token-layer routing is one token's K experts in one MoE layer (replica choice, dedup, two-hop, bytes, load). The
-workload is uniform random routing (synthetic, in memory, labelled so) on two shapes:
+A token-layer is one token's K experts in one MoE layer (replica choice, dedup, sends, bytes, load). Workload:
+uniform random routing, SYNTHETIC, in memory, on the gpt-oss-20b shape (L=24, E=32, K=4, 4 nodes x 2 GPUs,
+8 redundant slots) and the DeepSeek-V3 shape (L=58, E=256, K=8, 4x8, 32 redundant).
 
-- DeepSeek-V3: L=58, E=256, K=8 on 4 nodes x 8 GPUs with 32 redundant slots (the issue's target: 10 M/s);
-- gpt-oss-20b: L=24, E=32, K=4 on 4 nodes x 2 GPUs with 8 redundant slots (for context).
+What is timed is the token pass only. Each implementation runs on a small trace (the first ``--base-tokens``
+tokens' requests) and on the full trace (those requests plus ``--tokens`` more tokens); the rate is the extra
+token-layers divided by the extra time, so per-call setup (placement tables, request layout, micro-batch ids of
+the whole trace) cancels out. Both traces get one untimed warm-up call first (numba kernels are compiled or
+loaded from the cache there). The fast path's times are medians of ``--repeat`` calls; the spec is timed once.
 
-Both replica rules run on the same trace; the reference loop (``simulate_reference``) runs on a slice of it in the
-same process, so the speedup compares like with like on whatever the machine is doing. Each rule is timed
-``--repeat`` times after one warm-up call (which loads the compiled kernels from numba's cache, or compiles them on
-a fresh checkout: reported as ``first_call_seconds``); rates use the median wall time, CPU time is reported too
-(on a shared machine the two differ). The load average at the start and end is recorded.
-
-    python bench/simulate_speed.py --tokens 65536 --json out/simulate_speed.json
+    python bench/simulate_speed.py [--tokens 12288] [--shapes gpt-oss-20b,deepseek-v3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
+import importlib.util
 import time
-from pathlib import Path
 
 import numpy as np
+from common import REPO, BenchRun, median
 
 from moeplace.placement import Cluster, Placement, Plan
-from moeplace.simulate import RULES, BatchConfig, simulate
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.simulate import BatchConfig, CostConfig, simulate
+from moeplace.trace import Requests, TokenChunk, Trace, TraceMeta
 
+SPEC = REPO / "tests" / "spec_simulator.py"
 SHAPES = {  # name -> (L, E, K, cluster, redundant, hidden)
-    "deepseek-v3": (58, 256, 8, "4x8", 32, 7168),
     "gpt-oss-20b": (24, 32, 4, "4x2", 8, 2880),
+    "deepseek-v3": (58, 256, 8, "4x8", 32, 7168),
 }
+EXCLUDED = ("per-call setup (placement and route tables, request layout): removed by timing each implementation "
+            "on a small trace and on a larger one and dividing the extra token-layers by the extra time; numba "
+            "compilation: one untimed warm-up call per trace; building the synthetic traces")
 
 
-def random_trace(n_tokens: int, L: int, E: int, K: int, prompt: int, gen: int, seed: int = 0,
-                 hidden: int = 7168) -> Trace:
+def load_spec():
+    """The spec's ``spec_simulate``, imported by path (tests/ is not a package)."""
+    if not SPEC.exists():
+        raise SystemExit(f"simulate_speed: the spec {SPEC} is missing; it is the baseline this bench measures")
+    spec = importlib.util.spec_from_file_location("spec_simulator", SPEC)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.spec_simulate
+
+
+def random_trace(n_tokens: int, L: int, E: int, K: int, prompt: int, gen: int, hidden: int, seed: int = 0
+                 ) -> Trace:
+    """SYNTHETIC uniform routing: ceil(n_tokens / (prompt + gen)) requests of prompt + gen tokens, K distinct
+    experts per token-layer."""
     rng = np.random.default_rng(seed)
     per = prompt + gen
-    n_req = max(1, n_tokens // per)
+    n_req = max(1, -(-n_tokens // per))
     rid = np.repeat(np.arange(n_req, dtype=np.int64), per)
     pos = np.tile(np.arange(per, dtype=np.int32), n_req)
     phase = (pos >= prompt).astype(np.int8)
     ids = np.empty((len(rid), L, K), np.int16)
-    for s in range(0, len(rid), 4096):  # K distinct experts per token-layer: top-K of random keys
+    for s in range(0, len(rid), 4096):  # top-K of random keys: K distinct experts
         keys = rng.random((min(4096, len(rid) - s), L, E), dtype=np.float32)
         ids[s:s + 4096] = np.argpartition(keys, K, axis=-1)[..., :K]
     meta = TraceMeta(model="synthetic-uniform", num_layers=L, num_experts=E, top_k=K, hidden_size=hidden,
@@ -56,82 +68,91 @@ def random_trace(n_tokens: int, L: int, E: int, K: int, prompt: int, gen: int, s
     return Trace(meta, req, TokenChunk(rid, pos, phase, ids))
 
 
-def timed(fn, repeat: int) -> tuple[list[float], list[float]]:
-    walls, cpus = [], []
+def first_requests(tr: Trace, n_req: int) -> Trace:
+    """The trace of its first ``n_req`` requests (tokens are stored request by request)."""
+    end = int(np.searchsorted(tr.tokens.request_id, n_req))
+    r = tr.requests
+    req = Requests(r.request_id[:n_req], r.domain[:n_req], r.source[:n_req], r.prompt_len[:n_req],
+                   r.gen_len[:n_req])
+    return Trace(tr.meta, req, tr.tokens.select(slice(0, end)))
+
+
+def times(fn, repeat: int) -> list[float]:
+    out = []
     for _ in range(repeat):
-        w, c = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         fn()
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
-    return walls, cpus
+        out.append(time.perf_counter() - t)
+    return out
 
 
-def bench_shape(name: str, args, batching: BatchConfig) -> list[dict]:
-    L, E, K, spec, redundant, hidden = SHAPES[name]
-    cluster = Cluster.parse(spec)
+def bench_shape(name: str, args, spec_simulate) -> dict:
+    L, E, K, spec_c, redundant, hidden = SHAPES[name]
+    cluster = Cluster.parse(spec_c)
     plan = Plan(Placement.linear(L, E, cluster.world_size, redundant), cluster)
-    tr = random_trace(args.tokens, L, E, K, args.prompt, args.gen, hidden=hidden)
-    T = len(tr.tokens)
-    small = Trace(tr.meta, tr.requests, tr.tokens.select(slice(0, args.ref_tokens)))
-    rows = []
-    for rule in RULES:
-        t0 = time.perf_counter()
-        fast = simulate(tr, plan, batching=batching, rule=rule)  # warm-up: kernels from cache (or compiled)
-        first = time.perf_counter() - t0
-        walls, cpus = timed(lambda rule=rule: simulate(tr, plan, batching=batching, rule=rule), args.repeat)
-        rwalls, _ = timed(lambda rule=rule: simulate_reference(small, plan, batching=batching, rule=rule), 1)
-        fast_s, ref_s = statistics.median(walls), rwalls[0]
-        fast_rate = T * L / fast_s
-        ref_rate = len(small.tokens) * L / ref_s
-        rows.append({"shape": name, "rule": rule, "L": L, "E": E, "K": K, "cluster": spec, "redundant": redundant,
-                     "tokens": T, "token_layers": T * L, "prefill_tokens": int(fast.prefill.num_tokens),
-                     "decode_tokens": int(fast.decode.num_tokens),
-                     "microbatches": fast.prefill.num_microbatches + fast.decode.num_microbatches,
-                     "first_call_seconds": first, "fast_seconds": walls, "fast_cpu_seconds": cpus,
-                     "fast_token_layers_per_s": fast_rate, "best_token_layers_per_s": T * L / min(walls),
-                     "cpu_token_layers_per_s": T * L / statistics.median(cpus),
-                     "reference_tokens": len(small.tokens), "reference_seconds": ref_s,
-                     "reference_token_layers_per_s": ref_rate, "speedup": fast_rate / ref_rate})
-        print(f"{name:12s} {rule:21s} {fast_rate / 1e6:6.2f} M token-layers/s (median of {args.repeat}, best "
-              f"{T * L / min(walls) / 1e6:.2f}, per CPU-second {T * L / statistics.median(cpus) / 1e6:.2f}; "
-              f"{T:,} tokens x {L} layers)   reference loop {ref_rate / 1e3:6.2f} k/s   "
-              f"speedup {fast_rate / ref_rate:,.0f}x   first call {first:.2f} s", flush=True)
-    return rows
+    per = args.prompt + args.gen
+    small_req = max(1, -(-args.base_tokens // per))
+    big_req = small_req + max(1, -(-args.tokens // per))
+    big = random_trace(big_req * per, L, E, K, args.prompt, args.gen, hidden)
+    small = first_requests(big, small_req)
+    extra_tl = (len(big.tokens) - len(small.tokens)) * L
+    batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
+    cost = CostConfig(hidden_size=hidden, dispatch_bytes=1.0, combine_bytes=2.0)
+    pair_seconds = 6.0 * hidden * hidden / cluster.expert_flops  # the simulator's default: intermediate = hidden
+    out = {"L": L, "E": E, "K": K, "cluster": spec_c, "redundant": redundant, "hidden": hidden,
+           "small_tokens": len(small.tokens), "large_tokens": len(big.tokens), "timed_token_layers": extra_tl,
+           "rules": {}}
+    for rule in args.rules.split(","):
+        def fast(tr: Trace, rule: str = rule) -> None:
+            simulate(tr, plan, cost=cost, batching=batching, rule=rule)
+
+        def spec(tr: Trace, rule: str = rule) -> None:
+            spec_simulate(tr, plan, rule=rule, hidden=hidden, dispatch_bytes=1.0, combine_bytes=2.0,
+                          pair_seconds=pair_seconds, decode_batch=args.decode_batch,
+                          prefill_tokens=args.prefill_tokens)
+
+        fast(small)  # warm-up: kernels compiled or loaded from numba's cache
+        fast(big)
+        f_small, f_big = times(lambda: fast(small), args.repeat), times(lambda: fast(big), args.repeat)
+        fast_s = median(f_big) - median(f_small)
+        spec(small)  # warm-up (imports, caches of the spec, if any)
+        s_small, s_big = times(lambda: spec(small), 1), times(lambda: spec(big), 1)
+        spec_s = s_big[0] - s_small[0]
+        if fast_s <= 0 or spec_s <= 0:
+            raise SystemExit(f"simulate_speed: {name} {rule}: the larger trace was not slower (fast {fast_s:.4f} s, "
+                             f"spec {spec_s:.4f} s); raise --tokens")
+        row = {"fast_small_s": f_small, "fast_large_s": f_big, "spec_small_s": s_small[0], "spec_large_s": s_big[0],
+               "fast_token_layers_per_s": extra_tl / fast_s, "spec_token_layers_per_s": extra_tl / spec_s,
+               "speedup_vs_spec": spec_s / fast_s,
+               "whole_call_speedup_vs_spec": s_big[0] / median(f_big)}
+        out["rules"][rule] = row
+        print(f"{name:12s} {rule:21s} simulate {row['fast_token_layers_per_s'] / 1e6:7.2f} M token-layers/s   "
+              f"spec {row['spec_token_layers_per_s'] / 1e3:7.1f} k/s   speedup {row['speedup_vs_spec']:,.0f}x "
+              f"(whole call on {len(big.tokens):,} tokens: {row['whole_call_speedup_vs_spec']:,.0f}x)", flush=True)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=65536, help="tokens of each synthetic trace")
-    ap.add_argument("--ref-tokens", type=int, default=48, help="tokens for the reference loop")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
+    ap.add_argument("--tokens", type=int, default=12288, help="tokens whose pass is timed (default 12288)")
+    ap.add_argument("--base-tokens", type=int, default=1024, help="tokens of the small trace (setup; default 1024)")
+    ap.add_argument("--shapes", default="gpt-oss-20b", help=f"comma-separated, of {list(SHAPES)}")
+    ap.add_argument("--rules", default="nearest-least-loaded,nearest-static")
     ap.add_argument("--prompt", type=int, default=384)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--prefill-tokens", type=int, default=8192)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--repeat", type=int, default=3, help="timed calls of the fast path per trace (median)")
+    ap.add_argument("--json", help="write here instead of bench/results/simulate_speed.json")
     args = ap.parse_args()
-
-    batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
-    load_before = os.getloadavg()
-    rows = []
-    for name in args.shapes.split(","):
-        rows += bench_shape(name.strip(), args, batching)
-    load_after = os.getloadavg()
-    print(f"kernel threads {_threads()}, CPUs {os.cpu_count()}, load average (1/5/15 min) before "
-          f"{'/'.join(f'{x:.2f}' for x in load_before)}, after {'/'.join(f'{x:.2f}' for x in load_after)}")
-    import numba
-
-    out = {"benchmark": "simulate_speed", "workload": "synthetic uniform routing (labelled synthetic)",
-           "args": vars(args), "batching": {"decode_batch": args.decode_batch, "prefill_tokens": args.prefill_tokens},
-           "machine": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-                       "processor": platform.machine(), "cpus": os.cpu_count(), "kernel_threads": _threads(),
-                       "load_average_before": load_before, "load_average_after": load_after},
-           "results": rows}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    if args.tokens < 10_000:
+        raise SystemExit(f"--tokens must be >= 10000 (a token pass long enough to time), got {args.tokens}")
+    run = BenchRun("simulate_speed", baseline="spec_simulate from tests/spec_simulator.py (plain Python loops)")
+    spec_simulate = load_spec()
+    shapes = {s.strip(): bench_shape(s.strip(), args, spec_simulate) for s in args.shapes.split(",")}
+    params = {k: v for k, v in vars(args).items() if k != "json"}
+    run.write({"params": params, "workload": "SYNTHETIC uniform random routing", "excluded": EXCLUDED,
+               "results": shapes}, args.json)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def plans() -> dict[str, Plan]:
     work = clustered_work()
     out = {}
     for name in STRATEGIES:
-        kw = {"time_budget": 1.0, "iters": 2} if name == "joint" else {}
+        kw = {"search_evals": 300, "iters": 2} if name == "joint" else {}
         out[name] = make_plan(name, work, Cluster(2, 2), 4, planned_on="test", **kw)
     return out
 

@@ -248,8 +248,8 @@ def test_every_option_refuses_values_out_of_range(cmd, action):
 @pytest.mark.parametrize("args,mentions", [
     (["plan", "--load", "L", "--strategy", "eplb", "--cluster", "2x1", "--redundant", "-3", "--out", "p.json"],
      ["--redundant", "-3"]),
-    (["plan", "--load", "L", "--strategy", "joint", "--cluster", "2x1", "--time-budget", "nan", "--out", "p.json"],
-     ["--time-budget"]),
+    (["plan", "--load", "L", "--strategy", "joint", "--cluster", "2x1", "--time-limit", "nan", "--out", "p.json"],
+     ["--time-limit"]),
     (["plan", "--load", "L", "--strategy", "eplb", "--cluster", "2x1", "--groups", "0", "--out", "p.json"],
      ["--groups"]),
     (["plan", "--load", "L", "--strategy", "eplb", "--cluster", "0x4", "--out", "p.json"], ["--cluster"]),

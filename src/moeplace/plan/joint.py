@@ -28,7 +28,7 @@ Alternation (``iters`` rounds, the best round kept):
 3. The final plan is replayed by the simulator on the planning window (its default least-loaded replica rule);
    if balancedness falls below the floor, the search reruns with the simulator's per-GPU load correction and a
    tighter cap; if it still misses the floor, EPLB's placement (with the same homes) is used when it balances
-   better, and ``extra["fallback"]`` says so.
+   better, and the plan's ``fallback`` field says so.
 """
 
 from __future__ import annotations

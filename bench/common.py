@@ -1,0 +1,107 @@
+"""What every benchmark writes besides its numbers, and the one way it writes them.
+
+A result file is written by code only, never edited by hand, so that anything in it can be traced back to the run
+that produced it: the exact command, the commit (and whether the tree differed from it), the load average before
+and after (absolute times on a shared machine mean little without it), library versions, CPU count, date, and the
+name of the baseline the bench measured in the same run.
+
+    run = BenchRun("simulate_speed", baseline="tests/spec_simulator.py spec_simulate (plain Python)")
+    ...measure...
+    run.write({"params": {...}, "excluded": "...", "results": {...}})   # bench/results/simulate_speed.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.io import atomic_write_json
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    """(HEAD commit, dirty): dirty means a tracked file outside bench/results differs from that commit.
+
+    Result files are left out of the check because one bench's output must not mark the next bench as dirty.
+    (None, None) outside a git checkout.
+    """
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                             ":(exclude)bench/results"], cwd=REPO, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return head.stdout.strip(), bool(st.stdout.strip())
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the interpreter and the array libraries a timing depends on (None: not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version(), "numpy": np.__version__}
+    for name in ("torch", "numba"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    return out
+
+
+class BenchRun:
+    """One benchmark run: records the context at construction (start) and at :meth:`write` (end)."""
+
+    def __init__(self, name: str, baseline: str, argv: list[str] | None = None) -> None:
+        if not name.isidentifier():
+            raise ValueError(f"bench name must be an identifier (it names bench/results/NAME.json), got {name!r}")
+        self.name = name
+        self.baseline = baseline
+        argv = list(sys.argv if argv is None else argv)
+        if argv and argv[0].endswith(".py"):
+            p = Path(argv[0]).resolve()
+            argv[0] = str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+        self.command = "python " + " ".join(argv)
+        self.loadavg_before = list(os.getloadavg())
+        self.started = datetime.datetime.now(datetime.UTC)
+
+    def write(self, body: dict, path: str | os.PathLike | None = None) -> Path:
+        """Write ``body`` plus the run context as JSON (atomically) to ``path`` (default bench/results/NAME.json).
+
+        body: the bench's own keys (params, excluded, results, ...); it may not use the context's key names.
+        """
+        commit, dirty = git_state()
+        ctx = {
+            "bench": self.name,
+            "baseline": self.baseline,
+            "command": self.command,
+            "git_commit": commit,
+            "dirty": dirty,
+            "date": self.started.isoformat(timespec="seconds"),
+            "seconds": (datetime.datetime.now(datetime.UTC) - self.started).total_seconds(),
+            "loadavg_before": self.loadavg_before,
+            "loadavg_after": list(os.getloadavg()),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "versions": versions(),
+        }
+        clash = set(ctx) & set(body)
+        if clash:
+            raise ValueError(f"bench {self.name}: result keys {sorted(clash)} clash with the run context's")
+        dest = Path(path) if path is not None else RESULTS / f"{self.name}.json"
+        atomic_write_json({**ctx, **body}, dest)
+        print(f"wrote {dest} (load average before {fmt_load(self.loadavg_before)}, after "
+              f"{fmt_load(ctx['loadavg_after'])})")
+        return dest
+
+
+def fmt_load(la: list[float]) -> str:
+    return "/".join(f"{x:.2f}" for x in la)
+
+
+def median(xs: list[float]) -> float:
+    return float(np.median(np.asarray(xs, np.float64)))
