@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--redundant", type=int, default=4, help="redundant slots per layer")
     ap.add_argument("--holdout", type=float, default=0.5)
-    ap.add_argument("--joint-evals", type=int, default=1000, help="moves the joint strategy's search evaluates per layer")
+    ap.add_argument("--joint-evals", type=int, default=1000, help="joint: moves evaluated per layer")
     ap.add_argument("--two-hop", action="store_true")
     ap.add_argument("--quick", action="store_true", help="fewer gpt-oss generations")
     ap.add_argument("--json", default=None, help="write here instead of bench/results/ep_layer.json")
