@@ -194,7 +194,7 @@ def test_bad_plans_are_rejected_before_any_process(tiny, no_spawn, capsys):
     assert main(base + ["--plan", str(tmp / "junk.json")]) == 2
     assert "not valid JSON" in capsys.readouterr().err
     assert main(base + ["--plan", str(tmp / "absent.json")]) == 2
-    assert "no such plan file" in capsys.readouterr().err
+    assert "No such file" in capsys.readouterr().err
     # a window the trace does not have
     assert main(base + ["--plan", str(plan_path), "--skip", "99"]) == 2
     assert "micro-batches" in capsys.readouterr().err

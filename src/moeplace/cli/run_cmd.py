@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
 
+from moeplace.cli import input_file, output_file
+
 FAIL_RANK_ENV = "MOEPLACE_RUN_FAIL_RANK"  # test hook: that rank exits right after joining the group
 
 
@@ -153,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     ))
     p.add_argument("trace", help="per-token trace directory")
-    p.add_argument("--plan", required=True, help="plan JSON (moeplace plan)")
+    p.add_argument("--plan", required=True, type=input_file, help="plan JSON (moeplace plan)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS, must match the plan's cluster, e.g. 2x2")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--emulate", action="store_true",
@@ -184,7 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rule", default=d.rule, choices=RULES, help=f"replica rule (default {d.rule})")
     p.add_argument("--timeout", type=lim("timeout", float), default=d.timeout,
                    help=f"seconds (default {d.timeout:g})")
-    p.add_argument("--json", default=None, metavar="OUT.json",
+    p.add_argument("--json", type=output_file, default=None, metavar="OUT.json",
                    help="write the report here (default: stdout); checked before the run starts")
     p.set_defaults(func=cmd_run_ep)
 
