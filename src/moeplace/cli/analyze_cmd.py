@@ -12,7 +12,7 @@ from moeplace.analyse.summary import (
     DEFAULT_WINDOW_TOKENS,
     analyse_trace,
 )
-from moeplace.io import atomic_write_json
+from moeplace.io import atomic_write_json, check_output_path
 
 EXAMPLE = """example:
   moeplace analyze demo.trace --json out/analysis.json --html out/analysis.html --layer 12
@@ -65,15 +65,16 @@ def print_summary(res: dict, out=None) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    for flag, out in (("--json", args.json), ("--html", args.html)):
+        if out:  # before the analysis, so a bad path fails in a second, not after the whole run
+            check_output_path(out, flag)
     res = analyse_trace(
         args.trace, chunk_tokens=args.chunk_tokens, window_tokens=args.window_tokens,
         coactivation_layer=args.layer, top_n=args.top_n, seed=args.seed, test_fraction=args.test_fraction,
         max_request_bytes=args.max_request_bytes, progress=not args.no_progress,
     )
     if args.json:
-        p = Path(args.json)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(res, p, allow_nan=False)
+        atomic_write_json(res, Path(args.json), allow_nan=False)
     if args.html:
         from moeplace.report import write_report
 
