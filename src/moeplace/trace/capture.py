@@ -24,11 +24,14 @@ conversion to numpy happens once per batch in ``end_batch``, which is where the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +40,23 @@ import torch
 
 from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
 from moeplace.trace.store import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta, TraceWriter
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT (main thread only) for the block; a signal that arrives meanwhile is delivered after.
+
+    Used where a request's rows are handed to the writer, so a termination never splits a request.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
 
 _ROUTER_NAME = re.compile(r"Top[Kk]Router$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
@@ -368,10 +388,11 @@ class RoutingRecorder:
                 raise ValueError(f"end_batch: sequences of shape {seqs.shape}, expected [{batch['n']}, columns]")
         cb = self._rows(batch, steps, seqs)
         if self.writer is not None:
-            self.writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
-            t = cb.tokens
-            self.writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
-                                   t.expert_weights if self.writer.meta.has_weights else None)
+            with signals_held():  # a SIGTERM here would leave a request row without its tokens
+                self.writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
+                t = cb.tokens
+                self.writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
+                                       t.expert_weights if self.writer.meta.has_weights else None)
         return cb
 
     def _rows(self, batch: dict, steps: list[_Step], seqs: np.ndarray | None) -> CapturedBatch:
@@ -613,7 +634,8 @@ def record_generate(
                 n_dec += int(cb.gen_len.sum())
                 since_flush += len(idx)
                 if flush_every is not None and since_flush >= flush_every:
-                    writer.flush()  # a kill from here on loses nothing recorded so far
+                    with signals_held():
+                        writer.flush()  # a kill from here on loses nothing recorded so far
                     since_flush = 0
                 if bar is not None:
                     bar.update(len(idx))

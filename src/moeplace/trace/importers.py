@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -633,10 +634,12 @@ def _torch_load(path: Path) -> dict:
     import torch
 
     try:  # weights_only: a pickle that would run code is refused, never executed
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        why = f"it names {m.group(1)}" if m else _first_line(e)
+        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = f"it names {m.group(1)}" if m else "it holds more than tensors and plain containers"
         raise TraceError(f"{path}: not a readable torch.save file: loading it would run code ({why}); refused, "
                          "nothing was executed") from None
     except (RuntimeError, OSError, EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError,

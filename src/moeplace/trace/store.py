@@ -456,8 +456,9 @@ class TraceWriter:
     A shard is flushed every ``shard_tokens`` token rows (or count groups), or when :meth:`flush` is called.
 
     - ``keep_partial=True`` (streaming capture): shards go straight into ``path``; on an exception (Ctrl-C
-      included) the rows already validated are flushed as a last shard and ``meta.complete`` stays False, and
-      after a kill -9 every shard flushed before it stays readable.
+      included) the rows already validated are flushed as a last shard and ``meta.complete`` stays False (a
+      folder this writer created and wrote no shard into is removed), and after a kill -9 every shard flushed
+      before it stays readable.
     - ``keep_partial=False`` (importers, synth): the trace is built in a hidden folder beside ``path`` and renamed
       into place only when it closes cleanly; a failure removes it, so nothing half-made appears under ``path``.
     - An existing non-empty folder is refused unless ``overwrite=True``, and even then only if its ``meta.json``
@@ -502,11 +503,12 @@ class TraceWriter:
                 if not overwrite:
                     raise TraceError(f"{fp}: already exists and is not empty (use overwrite)")
                 if not written_by_moeplace(fp):
-                    raise TraceError(f"{fp}: not replaced: its {META_FILE} does not say it was written by moeplace "
-                                     "(overwrite only replaces moeplace traces); remove it yourself or pick "
-                                     "another output")
+                    raise TraceError(f"{fp}: not replaced: not written by moeplace (its {META_FILE} lacks "
+                                     f'"written_by": "{WRITTEN_BY}"); overwrite only replaces moeplace traces: '
+                                     "remove it yourself or pick another output")
                 self._replace = True
         self._aside = self._replace or not keep_partial
+        self._created = not (fp.exists() or fp.is_symlink())  # so a writer that wrote no shard can remove it
         if self._aside:
             self.path = make_temp_dir(fp, "new")
         else:
@@ -700,6 +702,8 @@ class TraceWriter:
             self._discard()
             return
         self.flush()
+        if self._shard == 0 and self._created:  # nothing was recorded: leave no folder that blocks a rerun
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def _check_open(self) -> None:
         if self._closed:
