@@ -201,7 +201,11 @@ def _record(rng, n, mode, extend_seq_lens=None, pass_id=0):
     topk = torch.full((3, n, 8), -1, dtype=torch.int32)  # SGLang pads to 8 columns with -1
     for layer in (1, 2):
         for t in range(n):
-            topk[layer, t, :2] = torch.from_numpy(rng.choice(6, 2, replace=False))
+            while True:  # two physical slots of one token hold different logical experts, as in SGLang
+                c = rng.choice(6, 2, replace=False)
+                if P2L[layer, c[0]] != P2L[layer, c[1]]:
+                    break
+            topk[layer, t, :2] = torch.from_numpy(c)
     return dict(forward_pass_id=pass_id, rank=0, gatherer_key="primary", input_ids=list(range(n)),
                 positions=list(range(100, 100 + n)), extend_seq_lens=extend_seq_lens, forward_mode=mode,
                 topk_ids_of_layer=topk, misc_objects=[])

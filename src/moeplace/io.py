@@ -1,53 +1,206 @@
-"""Atomic file writes shared by every stage: a crash or Ctrl-C never leaves a half-written output behind.
+"""Safe outputs shared by every stage: atomic writes that respect the umask, and the temporary names they use.
 
 Each write goes to a temporary file in the destination's folder, is flushed to disk, and is renamed over the
-destination, so readers see either the old file or the whole new one.
+destination, so readers see either the old file or the whole new one (docs/RELIABILITY.md).
+
+- Modes: a new file gets ``0o666 & ~umask`` and a new folder ``0o777 & ~umask``, as ``open()`` and ``mkdir``
+  would give; the temporary file's private 0600 never reaches the destination.
+- Temporary names are ``.<name>.<tag>-<pid>-<random>``; a name too long for the file system (255 bytes) is
+  shortened and given a hash, so any legal destination name works.
+- A destination that is an existing folder, or whose parent is not a folder, raises :class:`OutputError`
+  naming the path.
+- Leftovers of a killed run (temporaries whose process is gone) are removed by :func:`remove_stale`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import secrets
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+NAME_MAX = 255  # bytes in one path component on Linux and macOS file systems
+_SHORT_STEM = 96  # bytes of the original name kept in a shortened temporary name
 
-def atomic_write_text(text: str, dest: str | os.PathLike) -> Path:
-    """Write ``text`` (UTF-8) to ``dest`` atomically, creating its folder if needed; returns the path."""
-    p = Path(dest)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+
+class OutputError(ValueError):
+    """An output path that cannot be written as asked; the message names the path and the problem."""
+
+
+def current_umask() -> int:
+    """The process umask (read from /proc when possible, so no other thread sees a changed umask)."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """Mode of a new file: 0o666 & ~umask."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of a new folder: 0o777 & ~umask."""
+    return 0o777 & ~current_umask()
+
+
+def temp_prefix(name: str, tag: str) -> str:
+    """Prefix of the temporary names made for ``name``: ``.<name>.<tag>-`` (shortened with a hash if too long).
+
+    The prefix plus a pid and a random suffix (about 40 bytes) always fits in :data:`NAME_MAX` bytes.
+    """
+    prefix = f".{name}.{tag}-"
+    if len(prefix.encode()) + 40 <= NAME_MAX:
+        return prefix
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    stem = name.encode("utf-8", "surrogateescape")[:_SHORT_STEM].decode("utf-8", "ignore")
+    return f".{stem}~{digest}.{tag}-"
+
+
+def temp_path(dest: Path, tag: str) -> Path:
+    """A fresh temporary path beside ``dest``: ``.<name>.<tag>-<pid>-<random>`` (not created)."""
+    return dest.parent / f"{temp_prefix(dest.name, tag)}{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_paths(dest: Path, tag: str) -> list[Path]:
+    """``dest``'s temporaries of ``tag`` whose process no longer runs (left by a killed run)."""
+    parent = dest.parent
+    prefix = temp_prefix(dest.name, tag)
+    pat = re.compile(re.escape(prefix) + r"(\d+)-")
+    try:
+        entries = list(parent.iterdir()) if parent.is_dir() else []
+    except OSError:
+        return []
+    out = []
+    for p in entries:
+        m = pat.match(p.name)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            out.append(p)
+    return sorted(out)
+
+
+def remove_stale(dest: Path, tag: str) -> list[Path]:
+    """Remove ``dest``'s temporaries of ``tag`` left by processes that no longer run; returns what was removed."""
+    removed = []
+    for p in stale_paths(dest, tag):
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def check_output_path(dest: str | os.PathLike, what: str = "output") -> Path:
+    """Check that ``dest`` can be written as a file: not an existing folder, parent a folder (or creatable)."""
+    p = Path(dest)
+    if p.name in ("", ".", ".."):
+        raise OutputError(f"{p}: not a file name ({what} needs a file path)")
+    if len(p.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise OutputError(f"{p.name[:40]}...: file name longer than {NAME_MAX} bytes")
+    if p.is_dir():
+        raise OutputError(f"{p}: is a directory ({what} needs a file path)")
+    for anc in [p.parent, *p.parent.parents]:
+        if anc.exists() or anc.is_symlink():
+            if not anc.is_dir():
+                raise OutputError(f"{p}: {anc} is not a directory")
+            break
+    return p
+
+
+def make_dirs(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` with a clear error when a component is a file; new folders get 0o777 & ~umask."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{p}: exists and is not a directory") from None
+    except NotADirectoryError:
+        raise OutputError(f"{p}: a parent of it is not a directory") from None
+    return p
+
+
+def make_temp_dir(dest: Path, tag: str = "new") -> Path:
+    """Create an empty folder beside ``dest`` under a temporary name, with mode 0o777 & ~umask."""
+    make_dirs(dest.parent)
+    t = temp_path(dest, tag)
+    os.mkdir(t, dir_mode())
+    os.chmod(t, dir_mode())
+    return t
+
+
+def atomic_write_with(dest: str | os.PathLike, write: Callable[[Path], None], what: str = "output") -> Path:
+    """Write ``dest`` atomically: ``write(tmp)`` fills a temporary file beside it, then fsync and rename.
+
+    The file gets mode 0o666 & ~umask. On any failure (Ctrl-C included) the temporary is removed and ``dest``
+    is untouched.
+    """
+    p = check_output_path(dest, what)
+    make_dirs(p.parent)
+    remove_stale(p, "tmp")
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(p.name, "tmp") + f"{os.getpid()}-", dir=p.parent)
+    try:
+        os.fchmod(fd, file_mode())
+        os.close(fd)
+        fd = -1
+        write(Path(tmp))
+        with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, p)
     except BaseException:
-        if os.path.exists(tmp):
+        if fd >= 0:
+            os.close(fd)
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
     return p
+
+
+def atomic_write_bytes(data: bytes, dest: str | os.PathLike, what: str = "output") -> Path:
+    """Write ``data`` to ``dest`` atomically (see :func:`atomic_write_with`); returns the path."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    return atomic_write_with(dest, write, what)
+
+
+def atomic_write_text(text: str, dest: str | os.PathLike, what: str = "output") -> Path:
+    """Write ``text`` (UTF-8) to ``dest`` atomically, creating its folder if needed; returns the path."""
+    return atomic_write_bytes(text.encode("utf-8"), dest, what)
 
 
 def atomic_write_json(obj, dest: str | os.PathLike, indent: int | None = 1, allow_nan: bool = True) -> Path:
     """Write ``obj`` as JSON (one trailing newline) to ``dest`` atomically; returns the path."""
     return atomic_write_text(json.dumps(obj, indent=indent, allow_nan=allow_nan) + "\n", dest)
-
-
-def atomic_write_bytes(data: bytes, dest: str | os.PathLike) -> Path:
-    """Write ``data`` to ``dest`` atomically (an image, say); returns the path."""
-    p = Path(dest)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p

@@ -20,6 +20,8 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from moeplace.io import atomic_write_text  # noqa: E402
+
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
 header{background:#1d2330;color:#fff;padding:18px 32px}
@@ -423,8 +425,5 @@ def _drift_note(res: dict) -> str:
 
 
 def write_report(res: dict, path: str | os.PathLike) -> Path:
-    """Write the HTML report of ``res`` to ``path`` (parents created); returns the path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(render_report(res), encoding="utf-8")
-    return p
+    """Write the HTML report of ``res`` to ``path`` atomically (parents created); returns the path."""
+    return atomic_write_text(render_report(res), Path(path), what="the HTML report")

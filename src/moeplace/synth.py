@@ -356,7 +356,7 @@ def synthesize(path: str | Path, preset: ModelPreset | str, cfg: SynthConfig, ov
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.num_requests, unit="req", desc=f"synth {meta.model}")
-    with TraceWriter(path, meta, overwrite=overwrite) as w:
+    with TraceWriter(path, meta, overwrite=overwrite, keep_partial=False) as w:  # a failure leaves no folder
         for reqs, (rid, pos, ph, ids) in batches:
             w.add_requests(reqs["request_id"], domain=reqs["domain"], source=["synthetic"] * len(reqs["request_id"]),
                            prompt_len=reqs["prompt_len"], gen_len=reqs["gen_len"])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from moeplace.analyse.accumulate import TokenAccumulator
@@ -30,11 +30,12 @@ from moeplace.trace.store import (
     PREFILL,
     Counts,
     TraceMeta,
+    check_memory,
     iter_token_chunks,
+    num_token_rows,
     read_counts,
     read_meta,
     read_requests,
-    shard_files,
 )
 
 SCHEMA_VERSION = 1
@@ -176,7 +177,7 @@ def _domain_section(
 
 
 def _check_params(chunk_tokens: int, window_tokens: int, test_fraction: float, top_n: int | None, K: int,
-                  E: int, layer: int | None, L: int) -> None:
+                  E: int, layer: int | None, L: int, max_request_bytes: int = 0) -> None:
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if window_tokens < 1:
@@ -187,6 +188,8 @@ def _check_params(chunk_tokens: int, window_tokens: int, test_fraction: float, t
         raise ValueError(f"top_n must be in [1, E={E}], got {top_n}")
     if layer is not None and not 0 <= layer < L:
         raise ValueError(f"coactivation layer must be in [0, L={L}), got {layer}")
+    if max_request_bytes < 0:
+        raise ValueError(f"max_request_bytes must be >= 0, got {max_request_bytes}")
 
 
 # --------------------------------------------------------------------------------------------- entry point
@@ -215,7 +218,9 @@ def analyse_trace(
     """
     meta = read_meta(path)
     L, E, K = meta.num_layers, meta.num_experts, meta.top_k
-    _check_params(chunk_tokens, window_tokens, test_fraction, top_n, K, E, coactivation_layer, L)
+    _check_params(chunk_tokens, window_tokens, test_fraction, top_n, K, E, coactivation_layer, L, max_request_bytes)
+    if meta.kind == "tokens":  # co-activation and inter-layer counters: two [L, E * E] int64 tables
+        check_memory(2 * 8 * L * E * E, "the co-activation counters [L, E, E]", Path(path) / "meta.json")
     top_n = K if top_n is None else top_n
     layer = L // 2 if coactivation_layer is None else coactivation_layer
     params = {"chunk_tokens": chunk_tokens, "window_tokens": window_tokens, "coactivation_layer": layer,
@@ -243,7 +248,7 @@ def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool) ->
     params["tracked_requests"] = n_slots
     acc = TokenAccumulator(L, E, K, num_domains=len(names), num_slots=n_slots,
                            window_tokens=params["window_tokens"])
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in shard_files(path, meta))
+    total = num_token_rows(path)
     with tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, desc="analyse") as bar:
         for ch in iter_token_chunks(path, chunk_tokens=params["chunk_tokens"], columns_weights=False):
             pos = np.clip(np.searchsorted(rid_sorted, ch.request_id), 0, max(R - 1, 0))

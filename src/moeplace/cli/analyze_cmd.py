@@ -13,7 +13,7 @@ from moeplace.analyse.summary import (
     format_summary,
 )
 from moeplace.cli import MAX_TOKENS, float_in, int_in, output_file
-from moeplace.io import atomic_write_json
+from moeplace.io import atomic_write_json, check_output_path
 
 EXAMPLE = """example:
   moeplace analyze demo.trace --json out/analysis.json --html out/analysis.html --layer 12
@@ -25,15 +25,16 @@ cannot give are null and explained under "unavailable".
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    for flag, out in (("--json", args.json), ("--html", args.html)):
+        if out:  # before the analysis, so a bad path fails in a second, not after the whole run
+            check_output_path(out, flag)
     res = analyse_trace(
         args.trace, chunk_tokens=args.chunk_tokens, window_tokens=args.window_tokens,
         coactivation_layer=args.layer, top_n=args.top_n, seed=args.seed, test_fraction=args.test_fraction,
         max_request_bytes=args.max_request_bytes, progress=not args.no_progress,
     )
     if args.json:
-        p = Path(args.json)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(res, p, allow_nan=False)
+        atomic_write_json(res, Path(args.json), allow_nan=False)
     if args.html:
         from moeplace.report import write_report
 

@@ -61,6 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--foe-groups", type=int_in(0, 1024), default=d.foe_groups,
                    help="FoE structure: k/H experts in each of H groups (default: off)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=d.seed, help="random seed (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing trace directory")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it is a moeplace trace")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_synth)

@@ -36,7 +36,8 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help=f"input format: {', '.join(FORMATS)}")
     p.add_argument("src", help="input file or directory")
     p.add_argument("out", type=output_dir, help="trace directory to write")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is a moeplace trace that holds no input (swapped in when complete)")
     p.add_argument("--limit", type=int_in(1, 1 << 40), help="gpt-oss-npz: import only the first N generations")
     p.add_argument("--no-weights", action="store_true", help="gpt-oss-npz: drop routing weights (3x smaller)")
     p.add_argument("--model", help="vllm-routed, sglang-*: model name for the metadata (default: unknown)")

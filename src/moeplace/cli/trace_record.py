@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
+import sys
 from pathlib import Path
 
 from moeplace.cli import device_spec, int_in, output_dir
-from moeplace.trace.capture import ROUTER_CLASSES, load_prompts, record_generate, trace_meta
+from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
 
 EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
@@ -15,6 +17,8 @@ EPILOG = """examples:
 
 PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain" and "source" optional).
 Request ids are the line order (0, 1, ...); --sample-every n records the requests whose id hashes to 1 in n.
+A shard is flushed every --flush-every requests and on SIGTERM or Ctrl-C, so a killed recording keeps what was
+flushed (meta.json then says "complete": false); see docs/RELIABILITY.md.
 Supported routers: """ + ", ".join(ROUTER_CLASSES) + " (see docs/CAPTURE.md)."
 
 
@@ -49,13 +53,25 @@ def _load_model(spec: str, device: str, dtype: str):
     return model.to(device).eval(), tokenizer, str(d)
 
 
+class _Terminated(Exception):
+    """Raised in the main thread by SIGTERM, so the writer flushes what it holds before the process exits."""
+
+
+def _terminate(signum, frame) -> None:
+    raise _Terminated()
+
+
 def cmd_record(args: argparse.Namespace) -> int:
+    from moeplace.trace.capture import load_prompts, record_generate, trace_meta  # imports torch
+
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.sample_every < 1:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
+    if args.flush_every < 1:
+        raise ValueError(f"--flush-every must be >= 1, got {args.flush_every}")
     if args.prompts == "builtin":
         rows = _reference("builtin_prompts")
     else:
@@ -68,13 +84,23 @@ def cmd_record(args: argparse.Namespace) -> int:
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
     from moeplace.trace.store import TraceWriter
 
-    with TraceWriter(args.out, meta, overwrite=args.overwrite) as w:
-        s = record_generate(
-            model, tokenizer, [r["prompt"] for r in rows], w,
-            domains=[r.get("domain") or "unknown" for r in rows],
-            sources=[r.get("source") or default_source for r in rows],
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
-        )
+    inputs = [p for p in (args.prompts, args.model) if p not in ("builtin", "reference")]
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with TraceWriter(args.out, meta, overwrite=args.overwrite, inputs=inputs) as w:
+            s = record_generate(
+                model, tokenizer, [r["prompt"] for r in rows], w,
+                domains=[r.get("domain") or "unknown" for r in rows],
+                sources=[r.get("source") or default_source for r in rows],
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
+                flush_every=args.flush_every,
+            )
+    except _Terminated:
+        print(f"moeplace trace record: terminated; the requests flushed so far are in {args.out} "
+              "(marked incomplete)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"recorded {s['requests']} requests ({s['prefill_tokens']} prefill + {s['decode_tokens']} decode tokens; "
           f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}) in {s['seconds']:.1f} s -> {args.out}")
     return 0
@@ -101,6 +127,9 @@ def register(tsub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_spec, default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="weights dtype (default auto: as saved)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (swapped in when complete)")
+    p.add_argument("--flush-every", type=int_in(1, 1 << 20), default=DEFAULT_FLUSH_EVERY, metavar="N",
+                   help=f"write a shard every N requests, so a kill loses at most N (default {DEFAULT_FLUSH_EVERY})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it is a moeplace trace (the new one is swapped in when complete)")
     p.add_argument("out", metavar="OUT", type=output_dir, help="trace directory to write")
     p.set_defaults(func=cmd_record)

@@ -97,11 +97,8 @@ def microbatch_ids(lay: Layout, r: np.ndarray, position: np.ndarray, phase: np.n
 
 def light_columns(source: Trace | str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(request_id int64 [n], position [n], phase [n]) of every token of an in-memory trace or a trace directory,
-    without the routing columns."""
-    if isinstance(source, Trace):
-        tk = source.tokens
-        yield np.asarray(tk.request_id, np.int64), np.asarray(tk.position), np.asarray(tk.phase)
-        return
+    without the routing columns, through the one validating reader
+    (:func:`moeplace.trace.store.iter_light_columns`)."""
     yield from iter_light_columns(source)
 
 

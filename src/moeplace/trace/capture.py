@@ -24,27 +24,40 @@ conversion to numpy happens once per batch in ``end_batch``, which is where the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
 from moeplace.trace.store import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta, TraceWriter
 
-ROUTER_CLASSES = (
-    "MixtralTopKRouter",
-    "Qwen2MoeTopKRouter",
-    "Qwen3MoeTopKRouter",
-    "OlmoeTopKRouter",
-    "DeepseekV3TopkRouter",
-    "GptOssTopKRouter",
-)
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT (main thread only) for the block; a signal that arrives meanwhile is delivered after.
+
+    Used where a request's rows are handed to the writer, so a termination never splits a request.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 _ROUTER_NAME = re.compile(r"Top[Kk]Router$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -375,10 +388,11 @@ class RoutingRecorder:
                 raise ValueError(f"end_batch: sequences of shape {seqs.shape}, expected [{batch['n']}, columns]")
         cb = self._rows(batch, steps, seqs)
         if self.writer is not None:
-            self.writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
-            t = cb.tokens
-            self.writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
-                                   t.expert_weights if self.writer.meta.has_weights else None)
+            with signals_held():  # a SIGTERM here would leave a request row without its tokens
+                self.writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
+                t = cb.tokens
+                self.writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
+                                       t.expert_weights if self.writer.meta.has_weights else None)
         return cb
 
     def _rows(self, batch: dict, steps: list[_Step], seqs: np.ndarray | None) -> CapturedBatch:
@@ -537,6 +551,7 @@ def record_generate(
     eos_token_id: int | Sequence[int] | None = None,
     generate_kwargs: dict | None = None,
     progress: bool = False,
+    flush_every: int | None = DEFAULT_FLUSH_EVERY,
 ) -> dict:
     """Run ``prompts`` through ``model.generate`` in left-padded batches and write their routing to ``writer``.
 
@@ -545,6 +560,10 @@ def record_generate(
     The sampling rate is ``writer.meta.sampling_rate`` (build it with ``trace_meta(model, sample_every=n)``):
     requests that are not sampled are not generated at all. Decoding is greedy unless ``generate_kwargs`` says
     otherwise; EOS defaults to the model's generation config, else the tokenizer's.
+    ``flush_every``: write a shard after at least this many requests (after the batch that reaches it), so a
+    kill loses at most that many; None flushes only when the writer's shard is full.
+    A prompt whose length plus ``max_new_tokens`` exceeds the model's ``max_position_embeddings`` is refused
+    (ValueError naming the request) before anything runs: the model was never trained on such positions.
     Returns a summary: requests, prefill_tokens, decode_tokens, seconds.
     """
     R = len(prompts)
@@ -554,6 +573,8 @@ def record_generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if flush_every is not None and flush_every < 1:
+        raise ValueError(f"flush_every must be >= 1, got {flush_every}")
     rids = np.arange(R, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
     dom = ["unknown"] * R if domains is None else list(domains)
     src = [""] * R if sources is None else list(sources)
@@ -568,6 +589,13 @@ def record_generate(
         raise ValueError(f"writer sampling_rate {rate} is not 1/n for an integer n")
     chosen = np.flatnonzero(sample_mask(rids, sample_every))
     ids = _tokenize(tokenizer, [prompts[i] for i in chosen])
+    max_pos = getattr(_text_config(model), "max_position_embeddings", None)
+    if isinstance(max_pos, int) and max_pos > 0:
+        for j, t in enumerate(ids):
+            if len(t) + max_new_tokens > max_pos:
+                raise ValueError(f"request {int(rids[chosen[j]])}: prompt of {len(t)} tokens + max_new_tokens "
+                                 f"{max_new_tokens} exceeds the model's {max_pos} positions "
+                                 "(max_position_embeddings); shorten the prompt or lower max_new_tokens")
     eos = _resolve_eos(model, tokenizer, eos_token_id)
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     if pad is None:
@@ -584,6 +612,7 @@ def record_generate(
 
         bar = tqdm(total=len(chosen), unit="req", desc="recording")
     n_pre = n_dec = 0
+    since_flush = 0
     t0 = time.perf_counter()
     try:
         with RoutingRecorder(model, writer=writer, sample_every=sample_every, eos_token_id=eos) as rec:
@@ -603,6 +632,11 @@ def record_generate(
                 cb = rec.end_batch(seqs)
                 n_pre += int(cb.prompt_len.sum())
                 n_dec += int(cb.gen_len.sum())
+                since_flush += len(idx)
+                if flush_every is not None and since_flush >= flush_every:
+                    with signals_held():
+                        writer.flush()  # a kill from here on loses nothing recorded so far
+                    since_flush = 0
                 if bar is not None:
                     bar.update(len(idx))
     finally:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moeplace.trace.store import DECODE, PREFILL, TraceError, TraceMeta, TraceWriter
+from moeplace.trace.store import DECODE, MAX_EXPERTS, PREFILL, TraceError, TraceMeta, TraceWriter
 
 # --------------------------------------------------------------------------------------------------- domains
 
@@ -100,14 +103,70 @@ def _exists(p: Path, what: str) -> Path:
     return p
 
 
+def _regular(p: Path, what: str) -> Path:
+    """``p`` after checking it is a readable regular file (a FIFO or device would hang or never end)."""
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise TraceError(f"{p}: no such file ({what})") from None
+    except PermissionError:
+        raise TraceError(f"{p}: permission denied") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TraceError(f"{p}: is a directory, {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{p}: not a regular file (a FIFO, socket or device), {what}")
+    if not os.access(p, os.R_OK):
+        raise TraceError(f"{p}: permission denied")
+    return p
+
+
+def _json_loads(text: str, where: str):
+    """json.loads with every failure (syntax, nesting too deep) as a TraceError naming ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply") from None
+
+
+def _as_int(v, where: str) -> int:
+    """An integer field: ints, or floats with an integral value; fractions, NaN, bools and text are refused."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TraceError(f"{where}: expected an integer, got {v!r}")
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)) and np.isfinite(v) and float(v).is_integer():
+        return int(v)
+    raise TraceError(f"{where}: expected an integer, got {v!r}")
+
+
+def _as_int_array(a, where: str) -> np.ndarray:
+    """int64 array of ``a``: integers, or floats with integral values (fractions and NaN refused)."""
+    try:
+        arr = np.asarray(a)
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{where}: not an array ({_first_line(e)})") from None
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iuf":
+        raise TraceError(f"{where}: expected integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "f" and arr.size and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise TraceError(f"{where}: expected integers, found fractional or non-finite values")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TraceError(f"{where}: value {int(arr.max())} is too large")
+    return arr.astype(np.int64)
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e)
+    return (s.splitlines()[0] if s else type(e).__name__)[:200]
+
+
 def _load_npz(path: Path) -> np.lib.npyio.NpzFile:
-    _exists(path, "expected a .npz archive")
-    if path.is_dir():
-        raise TraceError(f"{path}: is a directory, expected a .npz file")
+    _regular(path, "expected a .npz archive")
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise TraceError(f"{path}: not a readable .npz archive ({e})") from None
+        raise TraceError(f"{path}: not a readable .npz archive ({_first_line(e)})") from None
 
 
 def _npz_array(z, path: Path, key: str) -> np.ndarray:
@@ -115,8 +174,8 @@ def _npz_array(z, path: Path, key: str) -> np.ndarray:
         raise TraceError(f"{path}: missing array {key!r} (found: {', '.join(sorted(z.files)) or 'none'})")
     try:
         return z[key]
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise TraceError(f"{path}: array {key!r} is unreadable ({e})") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, MemoryError) as e:
+        raise TraceError(f"{path}: array {key!r} is unreadable ({_first_line(e)})") from None
 
 
 def _check_ids(ids: np.ndarray, num_experts: int, where: str) -> None:
@@ -135,29 +194,35 @@ def _prepare_out(out: str | os.PathLike, src: Path) -> Path:
     return o
 
 
+def _writer(out: Path, meta: TraceMeta, overwrite: bool, inputs: Sequence[Path]) -> TraceWriter:
+    """The importers' writer: built aside and moved into place when complete (a failure leaves nothing), and
+    never replacing a folder that is or holds one of ``inputs``."""
+    return TraceWriter(out, meta, overwrite=overwrite, keep_partial=False, inputs=inputs)
+
+
 # --------------------------------------------------------------------------------------------------- gpt-oss
 
 
 def _gpt_oss_paths(src: Path, npz_name: str, meta_name: str) -> tuple[Path, Path]:
     _exists(src, f"expected a directory with {npz_name} and {meta_name}")
     if src.is_dir():
-        return _exists(src / npz_name, "gpt-oss data"), _exists(src / meta_name, "gpt-oss metadata")
-    return src, _exists(src.with_name(meta_name), f"metadata expected next to {src.name}")
+        return _exists(src / npz_name, "gpt-oss data"), _regular(src / meta_name, "gpt-oss metadata")
+    return src, _regular(src.with_name(meta_name), f"metadata expected next to {src.name}")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}: line {i} is not valid JSON ({e})") from None
-            if not isinstance(d, dict):
-                raise TraceError(f"{path}: line {i} is not a JSON object")
-            rows.append(d)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                d = _json_loads(line, f"{path}: line {i}")
+                if not isinstance(d, dict):
+                    raise TraceError(f"{path}: line {i} is not a JSON object")
+                rows.append(d)
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e.reason})") from None
     return rows
 
 
@@ -182,7 +247,7 @@ def import_gpt_oss_npz(
     src = Path(src)
     npz_path, meta_path = _gpt_oss_paths(src, "decode_routing.npz", "decode_routing_meta.jsonl")
     z = _load_npz(npz_path)
-    offsets = _npz_array(z, npz_path, "example_offsets").astype(np.int64)
+    offsets = _as_int_array(_npz_array(z, npz_path, "example_offsets"), f"{npz_path}: example_offsets")
     rows = _read_jsonl(meta_path)
     n_gen = len(offsets) - 1
     if offsets.ndim != 1 or n_gen < 0 or (n_gen and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
@@ -220,10 +285,11 @@ def import_gpt_oss_npz(
         r = rows[i]
         try:
             ds, cat = str(r["dataset"]), str(r["category"])
-            rid = int(r.get("example_index", i))
-            prompt_len = int(r["prompt_len_tokens"])
-            n_routed = int(r.get("n_routed_tokens", offsets[i + 1] - offsets[i]))
-            gen_len = int(r.get("n_generated_tokens", n_routed))
+            w = f"{meta_path}: generation {i}"
+            rid = _as_int(r.get("example_index", i), f"{w}: example_index")
+            prompt_len = _as_int(r["prompt_len_tokens"], f"{w}: prompt_len_tokens")
+            n_routed = _as_int(r.get("n_routed_tokens", int(offsets[i + 1] - offsets[i])), f"{w}: n_routed_tokens")
+            gen_len = _as_int(r.get("n_generated_tokens", n_routed), f"{w}: n_generated_tokens")
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(f"{meta_path}: generation {i}: missing or invalid field ({e!r})") from None
         if n_routed != offsets[i + 1] - offsets[i]:
@@ -248,7 +314,7 @@ def import_gpt_oss_npz(
                "domain_mapping": "moeplace.trace.importers.gpt_oss_domain"},
     )
     out_p = _prepare_out(out, npz_path)
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [src, npz_path, meta_path]) as w:
         w.add_requests(rids, domain=doms, source=srcs, prompt_len=plen, gen_len=glen)
         step = 1 << 16
         for s in range(0, end, step):
@@ -275,9 +341,9 @@ def import_gpt_oss_summaries(
     npz_path, meta_path = _gpt_oss_paths(src, "domain_summaries.npz", "domain_summaries_meta.json")
     z = _load_npz(npz_path)
     try:
-        groups = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{meta_path}: not valid JSON ({e})") from None
+        groups = _json_loads(meta_path.read_text(encoding="utf-8"), str(meta_path))
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{meta_path}: not UTF-8 text ({e.reason})") from None
     if not isinstance(groups, list):
         raise TraceError(f"{meta_path}: expected a JSON list of groups")
     p = GPT_OSS_20B
@@ -290,7 +356,7 @@ def import_gpt_oss_summaries(
                              f"{meta_path.name}), got {list(freq.shape)}")
         for i, g in enumerate(groups):
             try:
-                n_samples = float(g["sample_count"])
+                n_samples = float(_as_int(g["sample_count"], f"{meta_path}: group {i}: sample_count"))
                 per = g.get(f"num_{ch}_tokens")
                 name = f"{g['dataset']}/{g['category']}/{g.get('bucket', '')}/{ch}"
                 dom = gpt_oss_domain(str(g["dataset"]), str(g["category"]))
@@ -315,7 +381,7 @@ def import_gpt_oss_summaries(
                "domain_mapping": "moeplace.trace.importers.gpt_oss_domain"},
     )
     out_p = _prepare_out(out, npz_path)
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [src, npz_path, meta_path]) as w:
         if names:
             w.add_counts(names, doms, np.asarray(phases, np.int8), np.asarray(ntok), np.stack(counts))
     return out_p
@@ -375,7 +441,7 @@ def import_olmoe_npz(
                "domain_mapping": dict(OLMOE_DOMAINS)},
     )
     out_p = _prepare_out(out, path)
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [path]) as w:
         w.add_counts(names, doms, np.full(len(names), PREFILL, np.int8), np.asarray(ntok), np.stack(counts))
     return out_p
 
@@ -415,15 +481,24 @@ def _as_routing(a, where: str) -> np.ndarray:
         return np.zeros((0, 0, 0), np.int32)
     try:
         arr = np.asarray(a)
-    except ValueError as e:  # ragged nested lists
-        raise TraceError(f"{where}: not a rectangular [tokens, layers, k] array ({e})") from None
+    except (ValueError, RecursionError) as e:  # ragged or absurdly nested lists
+        raise TraceError(f"{where}: not a rectangular [tokens, layers, k] array ({_first_line(e)})") from None
     if arr.size == 0:
         return np.zeros((0, 0, 0), np.int32)
     if arr.ndim != 3:
         raise TraceError(f"{where}: expected shape [tokens, layers, k], got {list(arr.shape)}")
     if arr.dtype.kind not in "iu":
         raise TraceError(f"{where}: expected integer expert ids, got dtype {arr.dtype}")
-    return arr.astype(np.int32, copy=False)
+    if arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise TraceError(f"{where}: expert id {int(arr.max())} is too large")
+    return arr.astype(np.int64, copy=False)  # no narrowing: an id of 2**31 must not wrap
+
+
+def _lines(fh, path: Path) -> Iterator[str]:
+    try:
+        yield from fh
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
 def _iter_vllm(path: Path) -> Iterator[_VllmRequest]:
@@ -444,15 +519,13 @@ def _iter_vllm(path: Path) -> Iterator[_VllmRequest]:
             dc = _as_routing(z[f"req{i}_decode"], f"{w} req{i}_decode") if f"req{i}_decode" in z.files else None
             yield _VllmRequest(str(rid_arr[i]), str(dom_arr[i]), _as_routing(pr, w), _as_routing(dc, w))
         return
-    with open(path, encoding="utf-8") as fh:
-        for ln, line in enumerate(fh, 1):
+    _regular(path, "expected a .jsonl or .npz file of vLLM routed experts")
+    with open(path, encoding="utf-8", errors="strict") as fh:
+        for ln, line in enumerate(_lines(fh, path), 1):
             if not line.strip():
                 continue
             w = f"{path}: line {ln}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{w}: not valid JSON ({e})") from None
+            d = _json_loads(line, w)
             if not isinstance(d, dict):
                 raise TraceError(f"{w}: expected a JSON object")
             if "prompt_routed_experts" not in d and "routed_experts" not in d:
@@ -512,6 +585,9 @@ def import_vllm_routed(
     if shape is None or max_id < 0:
         raise TraceError(f"{path}: no routed rows (every request is empty or fully prefix-cached)")
     Lm, K = shape
+    if max_id >= MAX_EXPERTS:
+        raise TraceError(f"{path}: expert id {max_id} is beyond what a trace holds (ids < {MAX_EXPERTS}); "
+                         "is this file corrupt?")
     E = int(num_experts) if num_experts is not None else max_id + 1
     if max_id >= E:
         raise TraceError(f"{path}: expert id {max_id} out of range [0, {E}) (--num-experts {E})")
@@ -521,7 +597,7 @@ def import_vllm_routed(
     meta = _engine_meta(model, len(layers), E, K, layers.tolist(), hidden_size, num_shared_experts, where, extra)
     out_p = _prepare_out(out, path)
     dropped = 0
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [path]) as w:
         for i, r in enumerate(_iter_vllm(path)):  # pass 2: write
             p_len, g_len = r.prompt.shape[0], r.decode.shape[0]
             w.add_requests([i], domain=[r.domain if r.domain in DOMAINS else "unknown"],
@@ -536,8 +612,11 @@ def import_vllm_routed(
                 parts.append((pos, np.full(len(pos), phase, np.int8), a[keep][:, layers, :]))
             if parts:
                 pos = np.concatenate([x[0] for x in parts])
-                w.add_tokens(np.full(len(pos), i, np.int64), pos, np.concatenate([x[1] for x in parts]),
-                             np.concatenate([x[2] for x in parts]))
+                try:
+                    w.add_tokens(np.full(len(pos), i, np.int64), pos, np.concatenate([x[1] for x in parts]),
+                                 np.concatenate([x[2] for x in parts]))
+                except TraceError as e:
+                    raise TraceError(f"{path}: request {r.orig_id}: {e}") from None
         w.meta.extra["prefix_cached_rows_dropped"] = dropped
     return out_p
 
@@ -549,15 +628,23 @@ _SGL_EXTEND, _SGL_DECODE, _SGL_MIXED = 1, 2, 3
 
 
 def _torch_load(path: Path) -> dict:
-    _exists(path, "expected a .pt file written by SGLang's expert distribution recorder")
+    _regular(path, "expected a .pt file written by SGLang's expert distribution recorder")
     import pickle
 
     import torch
 
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
-        raise TraceError(f"{path}: not a readable torch.save file ({str(e).splitlines()[0][:200]})") from None
+    try:  # weights_only: a pickle that would run code is refused, never executed
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = f"it names {m.group(1)}" if m else "it holds more than tensors and plain containers"
+        raise TraceError(f"{path}: not a readable torch.save file: loading it would run code ({why}); refused, "
+                         "nothing was executed") from None
+    except (RuntimeError, OSError, EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError,
+            UnicodeDecodeError, zipfile.BadZipFile, RecursionError, MemoryError) as e:
+        raise TraceError(f"{path}: not a readable torch.save file ({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{path}: expected a dict (torch.save of the recorder dump), got {type(obj).__name__}")
     return obj
@@ -622,7 +709,7 @@ def import_sglang_per_token(
         if ids.ndim != 3 or ids.shape[0] != Lm or ids.dtype.kind not in "iu":
             raise TraceError(f"{w}: topk_ids_of_layer must be an integer [{Lm}, tokens, k] array (layers from "
                              f"last_physical_to_logical_map), got shape {list(ids.shape)} dtype {ids.dtype}")
-        mode = int(rec.get("forward_mode", -1))
+        mode = _as_int(rec.get("forward_mode", -1), f"{w}: forward_mode")
         if ids.shape[1] == 0:
             continue
         if mode not in (_SGL_EXTEND, _SGL_DECODE, _SGL_MIXED):
@@ -651,7 +738,7 @@ def import_sglang_per_token(
     layer_idx = layers[:, None]  # [L, 1] for gathering p2l rows
     out_p = _prepare_out(out, path)
     next_rid = 0
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [path]) as w:
         for j, rec, ids in kept:
             where = f"{path}: record {j}"
             phys = ids[layers][:, :, :K]  # [L, T, K]
@@ -660,15 +747,17 @@ def import_sglang_per_token(
             logical = np.take_along_axis(p2l[layer_idx.ravel()], phys.reshape(len(layers), -1), axis=1)
             logical = logical.reshape(phys.shape).transpose(1, 0, 2)  # [T, L, K]
             T = logical.shape[0]
-            pos = _np(rec.get("positions", np.arange(T)), f"{where} positions").astype(np.int64).ravel()
+            pos = _as_int_array(_np(rec.get("positions", np.arange(T)), f"{where} positions"),
+                                f"{where} positions").ravel()
             if len(pos) != T:
                 raise TraceError(f"{where}: positions has {len(pos)} entries, topk_ids_of_layer {T} tokens")
-            mode = int(rec["forward_mode"])
+            mode = _as_int(rec["forward_mode"], f"{where}: forward_mode")
             if mode == _SGL_DECODE:
                 seq_lens = np.ones(T, np.int64)
             else:
                 esl = rec.get("extend_seq_lens")
-                seq_lens = np.asarray([T] if esl is None else _np(esl, f"{where} extend_seq_lens"), np.int64).ravel()
+                seq_lens = _as_int_array([T] if esl is None else _np(esl, f"{where} extend_seq_lens"),
+                                         f"{where} extend_seq_lens").ravel()
                 if seq_lens.sum() != T or (seq_lens < 0).any():
                     raise TraceError(f"{where}: extend_seq_lens sum to {int(seq_lens.sum())}, expected {T} tokens")
                 seq_lens = seq_lens[seq_lens > 0]
@@ -683,7 +772,10 @@ def import_sglang_per_token(
             is_pre = seq_phase == PREFILL
             w.add_requests(rids, source=[f"sglang forward_pass {rec.get('forward_pass_id', j)}"] * len(rids),
                            prompt_len=np.where(is_pre, seq_lens, 0), gen_len=np.where(is_pre, 0, seq_lens))
-            w.add_tokens(np.repeat(rids, seq_lens), pos, np.repeat(seq_phase, seq_lens), logical)
+            try:
+                w.add_tokens(np.repeat(rids, seq_lens), pos, np.repeat(seq_phase, seq_lens), logical)
+            except TraceError as e:
+                raise TraceError(f"{where}: {e}") from None
     return out_p
 
 
@@ -715,8 +807,15 @@ def import_sglang_stat(
         raise TraceError(f"{path}: logical_count must be a numeric [buffer, layers, experts] array, "
                          f"got shape {list(c.shape)} dtype {c.dtype}")
     c = c.astype(np.float64)
+    bad = ~np.isfinite(c)
+    if bad.any():
+        b, layer, e = (int(x[0]) for x in np.nonzero(bad))
+        raise TraceError(f"{path}: logical_count holds {c[b, layer, e]} (NaN or infinite) at buffer row {b}, "
+                         f"layer {layer}, expert {e}")
     if (c < 0).any():
         raise TraceError(f"{path}: logical_count holds negative counts")
+    if (c != np.round(c)).any():
+        raise TraceError(f"{path}: logical_count holds fractional counts (token counts are integers)")
     rows = np.flatnonzero(c.sum(axis=(1, 2)) > 0)
     if not len(rows):
         raise TraceError(f"{path}: logical_count is all zeros (nothing was recorded)")
@@ -732,7 +831,7 @@ def import_sglang_stat(
     meta = _engine_meta(model, len(layers), E, K, layers.tolist(), hidden_size, num_shared_experts,
                         f"sglang-stat:{path}", extra, kind="counts")
     out_p = _prepare_out(out, path)
-    with TraceWriter(out_p, meta, overwrite=overwrite) as w:
+    with _writer(out_p, meta, overwrite, [path]) as w:
         w.add_counts([f"pass{i}" for i in rows], ["unknown"] * len(rows), np.full(len(rows), -1, np.int8), ntok,
                      counts)
     return out_p

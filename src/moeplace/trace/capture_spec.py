@@ -1,0 +1,14 @@
+"""What ``moeplace trace record`` needs before torch is imported: the supported routers and the flush default.
+
+Kept apart from :mod:`moeplace.trace.capture` (which imports torch) so that building the command line stays fast.
+"""
+
+ROUTER_CLASSES = (
+    "MixtralTopKRouter",
+    "Qwen2MoeTopKRouter",
+    "Qwen3MoeTopKRouter",
+    "OlmoeTopKRouter",
+    "DeepseekV3TopkRouter",
+    "GptOssTopKRouter",
+)
+DEFAULT_FLUSH_EVERY = 32  # requests between shard flushes in record_generate: what a kill -9 can lose
