@@ -56,9 +56,10 @@ MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and "
 class ReportWriteError(OSError):
     """The run finished but its report could not be written; ``report`` holds it, so nothing is lost."""
 
-    def __init__(self, path: Path, cause: OSError, report: dict[str, Any]) -> None:
+    def __init__(self, path: Path, cause: Exception, report: dict[str, Any]) -> None:
         self.path, self.report = path, report
-        super().__init__(cause.errno, f"could not write the report to {path}: {cause.strerror or cause}")
+        why = getattr(cause, "strerror", None) or cause
+        super().__init__(getattr(cause, "errno", None), f"could not write the report to {path}: {why}")
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,6 @@ def run_ep(opts: RunEpOptions, memory_budget: int | None = None) -> dict[str, An
     if opts.json_out is not None:
         try:
             atomic_write_json(report, opts.json_out)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: moeplace.io.OutputError (the path went bad meanwhile)
             raise ReportWriteError(Path(opts.json_out), e, report) from e
     return report
