@@ -30,18 +30,19 @@ from moeplace.simulate.cost import (
 from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
 
 
-def hand_trace(phase: int = 0) -> tuple[Trace, Plan]:
+def hand_trace(phase: int = 0) -> Trace:
+    """The two tokens as prefill (phase 0) or as one decode step (phase 1)."""
     meta = TraceMeta(model="hand-made", num_layers=1, num_experts=4, top_k=2, hidden_size=10)
     req = Requests(np.array([50, 60]), np.array(["x", "x"], object), np.array(["", ""], object),
                    np.array([1, 1] if phase == 0 else [0, 0], np.int32), np.array([0, 0] if phase == 0 else [1, 1],
                                                                                   np.int32))
     tk = TokenChunk(np.array([50, 60]), np.array([0, 0], np.int32), np.array([phase, phase], np.int8),
                     np.array([[[3, 2]], [[3, 0]]], np.int16))
-    return Trace(meta, req, tk), None
+    return Trace(meta, req, tk)
 
 
 def run(hbm_bw: float, mode: str = "auto", overlap: bool = False, phase: int = 0, overhead: float = 0.5):
-    tr, _ = hand_trace(phase)
+    tr = hand_trace(phase)
     cluster = Cluster(2, 2, intra_bw=2.0, inter_bw=10.0, intra_latency=1.0, inter_latency=5.0, expert_flops=2.0,
                       hbm_bw=hbm_bw, compute_overhead=overhead)
     plan = Plan(Placement(np.array([[1, 2, 2, 1, 0, 3, 3, 1]]), 4, 4), cluster, homes={50: 0, 60: 1})
