@@ -82,6 +82,11 @@ def assert_json_matches(j: dict, spec: dict) -> None:
                     for d in range(W)] for s in range(W)]
         assert close(j[f"{prefix}traffic_matrix_bytes"], traffic)
     _additive(j["compute_time_s"], pm["compute_time"])
+    for k in ("layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time"):
+        _additive(j["kernel_time"][f"{k}_s"], pm[k])
+    for kernel in ("nccl", "deepep-normal", "deepep-ll"):
+        for part in ("dispatch_time", "combine_time"):
+            _additive(j["kernel_time"][kernel][f"{part}_s"], pm[f"{kernel}.{part}"])
     summ = phase_summary(spec)
     assert close(j["balancedness"]["total"], summ["balancedness"])
     assert close(j["balancedness"]["per_layer"], summ["balancedness_per_layer"])

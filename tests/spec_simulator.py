@@ -26,8 +26,16 @@ Definitions (docs/SIMULATOR.md unless noted):
   over intra-node links and over inter-node links. Time of a class = alpha + sends * bytes / bandwidth on its
   busiest GPU (no sends: 0); dispatch and combine each take the slower class; comm = dispatch + combine. Padded:
   every GPU sends peers_of_class * max message (peers: G - 1 intra-node, W - G inter-node).
-- compute = busiest GPU's pairs * pair_seconds (docs/SIMULATOR.md; docs/MODEL.md's roofline has no memory term
-  here).
+- compute = busiest GPU's pairs * pair_seconds (the link model's ``compute_time``).
+- kernel time model (docs/SIMULATOR.md, "Kernel time model"): per GPU, active experts = distinct experts with a
+  pair on it; expert time = max over GPUs of max(active * expert_bytes / hbm_bw, pairs * pair_seconds) +
+  compute_overhead (0 without pairs). Sends of a kernel: nccl = the per-GPU dedup matrix, deepep-normal = the
+  two-hop one, deepep-ll = one per (token, expert) pair off the home GPU. One kernel call = its alpha (when the
+  micro-batch has pairs) + the slower class of alpha_c + busiest_c * bytes / (eff_c * bandwidth_c) (a class
+  without sends: 0). Dispatch bytes = hidden * dispatch_bytes + 4 per 128 elements when dispatch_bytes < 2, + 16
+  for deepep-ll; combine = hidden * combine_bytes. Layer time = dispatch + expert + combine of the phase's kernel
+  (auto: deepep-normal for prefill, deepep-ll for decode); with overlap, halves send half the messages and
+  compute max(memory, flops / 2) + overhead: d + max(m, d) + max(c, m) + c.
 - balancedness = mean_g / max_g of the load per layer (1 where a layer has no load), averaged over layers;
   imbalance = (max - mean) / mean (0 where no load); LAR = pairs on the home GPU / pairs; node-local rate = pairs
   on the home node / pairs.
@@ -45,6 +53,10 @@ MODES = ("per_gpu", "two_hop")
 CLASSES = ("intra_gpu", "intra_node", "inter_node")
 LINK_COUNTS = ("intra_gpu_sends", "intra_node_sends", "inter_node_sends", "max_message_sends", "busiest_intra",
                "busiest_inter")
+KERNEL_SENDS = {"nccl": "per_gpu", "deepep-normal": "two_hop", "deepep-ll": "per_pair"}
+# (alpha of one call, NVLink efficiency, RDMA efficiency, dispatch header bytes): docs/SIMULATOR.md's table
+KERNEL_CONSTANTS = {"nccl": (0.0, 1.0, 1.0, 0), "deepep-normal": (0.0, 0.68, 0.88, 0),
+                    "deepep-ll": (5e-6, 0.68, 0.88, 16)}
 
 
 # --------------------------------------------------------------------------------------------------- requests
@@ -160,6 +172,30 @@ def comm_time(intra_sends: int, inter_sends: int, cluster, dispatch_send_bytes: 
     return total
 
 
+def kernel_call_time(kernel: str, busiest_intra: float, busiest_inter: float, has_pairs: bool, cluster,
+                     send_bytes: float) -> float:
+    """One dispatch or combine call of ``kernel`` (docs/SIMULATOR.md, "Kernel time model")."""
+    alpha, eff_intra, eff_inter, _ = KERNEL_CONSTANTS[kernel]
+    t = max(link_time(busiest_intra, cluster.intra_latency, eff_intra * cluster.intra_bw, send_bytes),
+            link_time(busiest_inter, cluster.inter_latency, eff_inter * cluster.inter_bw, send_bytes))
+    return t + (alpha if has_pairs else 0.0)
+
+
+def pair_busiest(pairs_from_to: list[tuple[int, int]], W: int, G: int) -> dict[str, int]:
+    """Per-pair sends (no dedup) of one micro-batch and layer: (home, serving GPU) of every pair."""
+    sent = {c: [0] * W for c in ("intra", "inter")}
+    recv = {c: [0] * W for c in ("intra", "inter")}
+    for h, g in pairs_from_to:
+        if h == g:
+            continue
+        c = "intra" if h // G == g // G else "inter"
+        sent[c][h] += 1
+        recv[c][g] += 1
+    return {"intra_node_sends": sum(sent["intra"]), "inter_node_sends": sum(sent["inter"]),
+            "busiest_intra": max(max(sent["intra"]), max(recv["intra"])),
+            "busiest_inter": max(max(sent["inter"]), max(recv["inter"]))}
+
+
 def _balance(load_row: list[int]) -> tuple[float, float]:
     """(balancedness mean/max, imbalance (max - mean)/mean) of one layer's load per GPU."""
     mean = sum(load_row) / len(load_row)
@@ -189,7 +225,8 @@ def phase_summary(ph: dict) -> dict:
 
 
 def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_bytes: float,
-                  combine_bytes: float, pair_seconds: float, decode_batch: int, prefill_tokens: int) -> dict:
+                  combine_bytes: float, pair_seconds: float, decode_batch: int, prefill_tokens: int,
+                  mode: str = "auto", overlap: bool = False, expert_bytes: float | None = None) -> dict:
     """Replay a per-token in-memory trace on a plan, one token, layer and expert at a time.
 
     Returns {"prefill": phase, "decode": phase}; a phase is a dict with
@@ -197,7 +234,10 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
     ``dispatch_send_bytes`` and ``combine_send_bytes`` (bytes of one send: hidden x bytes per element), exact integer
     arrays ``pairs [L]``, ``load [L, W]``, ``local [L]``, ``node_local [L]``, ``sends[mode] [L, W, W]``, and
     ``per_microbatch[name] [B, L]``: ``{mode}.{count}`` for every count of LINK_COUNTS, ``{mode}.comm_time``,
-    ``{mode}.comm_time_padded``, ``compute_time``, ``pairs``, ``max_load``.
+    ``{mode}.comm_time_padded``, ``compute_time``, ``pairs``, ``max_load``, and the kernel time model's
+    ``max_active``, ``per_pair.*``, ``memory_time``, ``expert_time``, ``{kernel}.dispatch_time``,
+    ``{kernel}.combine_time``, ``dispatch_time``, ``combine_time``, ``layer_time``. expert_bytes: weight bytes of
+    one expert (default 3 * hidden * hidden * 2: a bf16 expert as wide as the hidden size).
     """
     cluster = plan.cluster
     W, G = cluster.world_size, cluster.gpus_per_node
@@ -207,6 +247,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
     S = P // W
     dispatch_send_bytes = hidden * dispatch_bytes
     combine_send_bytes = hidden * combine_bytes
+    expert_bytes = 3 * hidden * hidden * 2 if expert_bytes is None else expert_bytes
+    vector = hidden * dispatch_bytes + (4 * -(-hidden // 128) if dispatch_bytes < 2 else 0)
 
     # the nearest tier depends only on (layer, expert, home)
     tier = [[[nearest_tier([p for p in range(P) if p2l[layer][p] == e], h, S, G) for h in range(W)]
@@ -246,6 +288,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
             for layer in range(L):
                 pairs_on_gpu = [0] * W
                 X = {m: [[0] * W for _ in range(W)] for m in MODES}
+                experts_on_gpu: list[set] = [set() for _ in range(W)]
+                pair_routes = []  # (home, serving GPU) of every pair
                 for t in rows:
                     h = token_home[t]
                     targets = []
@@ -253,6 +297,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                         e = ids[t][layer][k]
                         g = choose_slot(rule, tier[layer][e][h], h, pairs_on_gpu, S) // S
                         pairs_on_gpu[g] += 1
+                        experts_on_gpu[g].add(e)
+                        pair_routes.append((h, g))
                         targets.append(g)
                         pairs[layer] += 1
                         local[layer] += g == h
@@ -276,14 +322,53 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                     mb_row.setdefault(f"{m}.comm_time_padded", []).append(
                         comm_time((G - 1) * c["max_message_sends"], (W - G) * c["max_message_sends"], cluster,
                                   dispatch_send_bytes, combine_send_bytes))
-                mb_row.setdefault("compute_time", []).append(max(pairs_on_gpu) * pair_seconds)
+                compute = max(pairs_on_gpu) * pair_seconds
+                mb_row.setdefault("compute_time", []).append(compute)
                 mb_row.setdefault("pairs", []).append(sum(pairs_on_gpu))
                 mb_row.setdefault("max_load", []).append(max(pairs_on_gpu))
+                # the kernel time model
+                has_pairs = sum(pairs_on_gpu) > 0
+                active = max(len(x) for x in experts_on_gpu)
+                pb = pair_busiest(pair_routes, W, G)
+                memory = active * expert_bytes / cluster.hbm_bw
+                mb_row.setdefault("max_active", []).append(active)
+                for cname, v in pb.items():
+                    mb_row.setdefault(f"per_pair.{cname}", []).append(v)
+                mb_row.setdefault("memory_time", []).append(memory)
+                expert = max(memory, compute) + cluster.compute_overhead if has_pairs else 0.0
+                mb_row.setdefault("expert_time", []).append(expert)
+                busiest = {m: link_counts(X[m], G) for m in MODES}
+                busiest["per_pair"] = pb
+                calls = {}
+                for kernel, kind in KERNEL_SENDS.items():
+                    bi, be = busiest[kind]["busiest_intra"], busiest[kind]["busiest_inter"]
+                    header = KERNEL_CONSTANTS[kernel][3]
+                    calls[kernel] = (bi, be, vector + header)
+                    mb_row.setdefault(f"{kernel}.dispatch_time", []).append(
+                        kernel_call_time(kernel, bi, be, has_pairs, cluster, vector + header))
+                    mb_row.setdefault(f"{kernel}.combine_time", []).append(
+                        kernel_call_time(kernel, bi, be, has_pairs, cluster, combine_send_bytes))
+                kernel = mode if mode != "auto" else ("deepep-normal" if name == "prefill" else "deepep-ll")
+                d = mb_row[f"{kernel}.dispatch_time"][-1]
+                c = mb_row[f"{kernel}.combine_time"][-1]
+                mb_row.setdefault("dispatch_time", []).append(d)
+                mb_row.setdefault("combine_time", []).append(c)
+                if overlap:
+                    bi, be, dbytes = calls[kernel]
+                    d = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, dbytes)
+                    c = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, combine_send_bytes)
+                    mh = max(memory, compute / 2) + cluster.compute_overhead if has_pairs else 0.0
+                    mb_row.setdefault("layer_time", []).append(d + max(mh, d) + max(c, mh) + c)
+                else:
+                    mb_row.setdefault("layer_time", []).append(d + expert + c)
             for k, v in mb_row.items():
                 per_mb.setdefault(k, []).append(v)
         names = [f"{m}.{c}" for m in MODES for c in LINK_COUNTS] + [
             f"{m}.{c}" for m in MODES for c in ("comm_time", "comm_time_padded")] + ["compute_time", "pairs",
                                                                                      "max_load"]
+        names += ["max_active", "memory_time", "expert_time", "dispatch_time", "combine_time", "layer_time"]
+        names += [f"per_pair.{c}" for c in ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")]
+        names += [f"{k}.{c}" for k in KERNEL_SENDS for c in ("dispatch_time", "combine_time")]
         per_microbatch = {}
         for n in names:
             floats = "time" in n

@@ -81,6 +81,8 @@ class Cluster:
     intra_latency: float = 3e-6  # seconds per message inside a node (alpha)
     inter_latency: float = 10e-6  # seconds per message between nodes (alpha)
     expert_flops: float = 400e12  # achieved FLOP/s per GPU for expert GEMMs (compute time model)
+    hbm_bw: float = 3.35e12  # bytes/s of HBM per GPU (H100 SXM: 3.35 TB/s): the roofline's memory term
+    compute_overhead: float = 0.0  # seconds per expert-compute kernel of a micro-batch and layer (presets set it)
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "gpus_per_node"):
@@ -90,11 +92,11 @@ class Cluster:
         if self.num_nodes > MAX_NODES or self.num_nodes * self.gpus_per_node > MAX_WORLD:
             raise ValueError(f"cluster {self.num_nodes}x{self.gpus_per_node}: at most {MAX_NODES} nodes and "
                              f"{MAX_WORLD} GPUs in all")
-        for name in ("intra_bw", "inter_bw", "expert_flops"):
+        for name in ("intra_bw", "inter_bw", "expert_flops", "hbm_bw"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 < v < float("inf"):
                 raise ValueError(f"cluster: {name} must be a finite number > 0, got {v!r}")
-        for name in ("intra_latency", "inter_latency"):
+        for name in ("intra_latency", "inter_latency", "compute_overhead"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 <= v < float("inf"):
                 raise ValueError(f"cluster: {name} must be a finite number >= 0, got {v!r}")

@@ -30,6 +30,7 @@ class ModelPreset:
     n_group: int = 1  # group-limited routing: expert groups (1 = off)
     topk_group: int = 1  # groups a token may use
     note: str = ""  # what differs from a plain top-k MoE
+    expert_weight_bytes: float = 2.0  # bytes per routed-expert weight element as published (bf16 2, fp8 1)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -44,13 +45,15 @@ def _every(start: int, stop: int, step: int = 1) -> tuple[int, ...]:
 MODEL_PRESETS: dict[str, ModelPreset] = {p.name: p for p in (
     ModelPreset("deepseek-v3", "deepseek-ai/DeepSeek-V3", 58, 256, 8, 1, 7168, 2048, 61, _every(3, 61), 128,
                 n_group=8, topk_group=4, note="first 3 blocks dense; sigmoid router, group-limited 8 groups / top-4; "
-                "MLA (128 heads share one latent KV)"),
+                "MLA (128 heads share one latent KV); fp8 weights with 128x128 block scales", expert_weight_bytes=1.0),
     ModelPreset("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 128, 8, 0, 4096, 1536, 94, _every(0, 94), 4),
     ModelPreset("llama4-maverick", "meta-llama/Llama-4-Maverick-17B-128E", 24, 128, 1, 1, 5120, 8192, 48,
                 _every(1, 48, 2), 8, note="MoE every other block (interleave_moe_layer_step=2); dense blocks "
                 "use intermediate_size_mlp=16384"),
-    ModelPreset("gpt-oss-20b", "openai/gpt-oss-20b", 24, 32, 4, 0, 2880, 2880, 24, _every(0, 24), 8),
-    ModelPreset("gpt-oss-120b", "openai/gpt-oss-120b", 36, 128, 4, 0, 2880, 2880, 36, _every(0, 36), 8),
+    ModelPreset("gpt-oss-20b", "openai/gpt-oss-20b", 24, 32, 4, 0, 2880, 2880, 24, _every(0, 24), 8,
+                note="MXFP4 expert weights (4-bit values + one 8-bit scale per 32)", expert_weight_bytes=0.53125),
+    ModelPreset("gpt-oss-120b", "openai/gpt-oss-120b", 36, 128, 4, 0, 2880, 2880, 36, _every(0, 36), 8,
+                note="MXFP4 expert weights (4-bit values + one 8-bit scale per 32)", expert_weight_bytes=0.53125),
     ModelPreset("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 8, 2, 0, 4096, 14336, 32, _every(0, 32), 8),
     ModelPreset("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", 16, 64, 8, 0, 2048, 1024, 16, _every(0, 16), 16),
     ModelPreset("instella-moe-16b-a3b", "amd/Instella-MoE-16B-A3B", 26, 64, 6, 2, 2048, 1408, 27, _every(1, 27), 16,
@@ -88,28 +91,30 @@ class ClusterPreset:
     intra_latency: float  # seconds per message (alpha) inside a node
     inter_latency: float  # seconds per message between nodes
     expert_flops: float  # achieved FLOP/s per GPU on expert GEMMs (an assumption: about half of dense peak)
+    hbm_bw: float  # bytes/s of HBM per GPU (vendor spec sheet; docs/PRESETS.md gives each source)
     note: str = ""
+    compute_overhead: float = 5e-6  # seconds per expert-compute kernel (launch and tail; an assumption)
 
     def cluster(self, num_nodes: int) -> Cluster:
         return Cluster(num_nodes, self.gpus_per_node, self.intra_bw, self.inter_bw, self.intra_latency,
-                       self.inter_latency, self.expert_flops)
+                       self.inter_latency, self.expert_flops, self.hbm_bw, self.compute_overhead)
 
 
 GB = 1e9
 CLUSTER_PRESETS: dict[str, ClusterPreset] = {c.name: c for c in (
-    ClusterPreset("h100-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12,
+    ClusterPreset("h100-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 3350 * GB,
                   "DGX/HGX H100: NVLink 4 900 GB/s bidirectional; one 400 Gb/s ConnectX-7 NDR NIC per GPU"),
-    ClusterPreset("h200-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12,
+    ClusterPreset("h200-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 4800 * GB,
                   "HGX H200: same NVLink 4 and 400 Gb/s NDR per GPU as H100; more HBM"),
-    ClusterPreset("h800-8", 8, 200 * GB, 50 * GB, 3e-6, 10e-6, 400e12,
+    ClusterPreset("h800-8", 8, 200 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 3350 * GB,
                   "H800 (DeepSeek's training cluster): NVLink 400 GB/s bidirectional, 400 Gb/s IB per GPU"),
-    ClusterPreset("a100-8", 8, 300 * GB, 25 * GB, 3e-6, 10e-6, 150e12,
+    ClusterPreset("a100-8", 8, 300 * GB, 25 * GB, 3e-6, 10e-6, 150e12, 2039 * GB,
                   "DGX A100: NVLink 3 600 GB/s bidirectional; one 200 Gb/s HDR NIC per GPU"),
-    ClusterPreset("b200-8", 8, 900 * GB, 50 * GB, 3e-6, 10e-6, 1000e12,
+    ClusterPreset("b200-8", 8, 900 * GB, 50 * GB, 3e-6, 10e-6, 1000e12, 8000 * GB,
                   "HGX B200: NVLink 5 1.8 TB/s bidirectional; 400 Gb/s NIC per GPU (800 Gb/s with CX-8: use inter_bw)"),
-    ClusterPreset("gb200-nvl72", 72, 900 * GB, 100 * GB, 3e-6, 10e-6, 1000e12,
+    ClusterPreset("gb200-nvl72", 72, 900 * GB, 100 * GB, 3e-6, 10e-6, 1000e12, 8000 * GB,
                   "GB200 NVL72: 72 GPUs in one NVLink domain; 800 Gb/s ConnectX-8 per GPU between racks"),
-    ClusterPreset("mi300x-8", 8, 448 * GB, 50 * GB, 4e-6, 10e-6, 500e12,
+    ClusterPreset("mi300x-8", 8, 448 * GB, 50 * GB, 4e-6, 10e-6, 500e12, 5300 * GB,
                   "AMD MI300X platform: 7 Infinity Fabric links x 64 GB/s per direction; 400 Gb/s NIC per GPU"),
 )}
 

@@ -140,6 +140,8 @@ class ClusterJSON(_Model):
     intra_latency: NonNegFinite | None = None
     inter_latency: NonNegFinite | None = None
     expert_flops: PosFinite | None = None
+    hbm_bw: PosFinite | None = None
+    compute_overhead: NonNegFinite | None = None
 
 
 class GrouperJSON(_Model):

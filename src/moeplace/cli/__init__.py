@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "moeplace.cli.trace_cmd",
     "moeplace.cli.synth_cmd",
     "moeplace.cli.simulate_cmd",
+    "moeplace.cli.predict_cmd",
     "moeplace.cli.analyze_cmd",
     "moeplace.cli.plan_cmd",
     "moeplace.cli.run_cmd",

@@ -9,6 +9,7 @@ import sys
 from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, float_in, input_file, int_in, output_file
 from moeplace.placement import Cluster, Plan
 from moeplace.simulate import RULES, BatchConfig, CostConfig, simulate
+from moeplace.simulate.cost import MODES
 
 
 def _cluster(args: argparse.Namespace) -> Cluster | None:
@@ -27,7 +28,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if plan is not None and args.redundant:
         raise ValueError("--redundant applies to the default linear placement only, not to --plan")
     cost = CostConfig(hidden_size=args.hidden_size, dispatch_bytes=args.dispatch_bytes,
-                      combine_bytes=args.combine_bytes)
+                      combine_bytes=args.combine_bytes, mode=args.mode, overlap=args.overlap)
     batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
     res = simulate(args.trace, plan, cluster, cost, batching, rule=args.rule, num_redundant=args.redundant,
                    chunk_tokens=args.chunk_tokens, progress=args.progress)
@@ -46,7 +47,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               f"(two-hop {p['two_hop_inter_node_bytes']['total'] / 1e9:.4f})  "
               f"intra-node {p['intra_node_bytes']['total'] / 1e9:9.4f} GB  "
               f"LAR {p['local_activation_rate']['total']:.3f}  balancedness {p['balancedness']['total']:.3f}  "
-              f"MoE time/mb {p['layer_time_s']['median_microbatch'] * 1e3:.3f} ms")
+              f"MoE time/mb {p['layer_time_s']['median_microbatch'] * 1e3:.3f} ms  "
+              f"({res.cost.mode}{' +overlap' if res.cost.overlap else ''}: "
+              f"{p['kernel_time']['layer_time_s']['median_microbatch'] * 1e3:.3f} ms)")
     if args.json:
         print(f"wrote {args.json}")
     elif args.print_json:
@@ -82,6 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bytes per element sent by dispatch (default: %(default)s = fp8)")
     p.add_argument("--combine-bytes", type=float_in(0, 64, lo_open=True), default=d.combine_bytes,
                    help="bytes per element returned by combine (default: %(default)s = bf16)")
+    p.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="dispatch/combine kernel of the kernel time model; auto = deepep-normal for prefill, "
+                        "deepep-ll for decode (default: %(default)s)")
+    p.add_argument("--overlap", action="store_true", help="two-batch overlap of dispatch, expert compute, combine")
     b = BatchConfig()
     p.add_argument("--decode-batch", type=int_in(1, 1 << 20), default=b.decode_batch,
                    help="requests per decode window (default: %(default)s)")

@@ -165,7 +165,7 @@ def counts_and_clear(X, node, G, tot, out, col, own):
 
 @njit(cache=True, nogil=True)
 def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b,
-                      local, nlocal, l0, l1):
+                      local, nlocal, act, cpp, l0, l1):
     """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
 
     ids: int16 [T, L, K]; rows: int64 [n] rows of ids grouped by micro-batch (trace order inside), micro-batch b
@@ -182,6 +182,11 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
     int64 [L, W, W] (per-GPU sends), tot_b int64 [L, W, N_n] (B; the two-hop totals are linear in both, see
     routing.two_hop_matrix) and local, nlocal int64 [L]. Layers are independent: disjoint layer ranges may run in
     parallel threads. Returns -1, or a row whose expert id is out of range.
+
+    For the time model (:mod:`moeplace.simulate.cost`) it also writes act int64 [B, L, W]: distinct logical experts
+    with at least one pair on each GPU (the expert weights a GPU reads from HBM), and cpp int64 [B, L, 4]: sends
+    with no dedup, one per (token, expert) pair off the home GPU (DeepEP low-latency): intra-node pairs,
+    inter-node pairs, and the busiest GPU's max(sent, received) pairs over intra-node and over inter-node links.
     """
     L, K = ids.shape[1], ids.shape[2]
     E = cand_gpu.shape[1]
@@ -199,6 +204,9 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
     seen_g = np.zeros(W, np.int64)  # stamp of the last token-layer that sent to each GPU / node
     seen_n = np.zeros(Nn, np.int64)
     stamp = 0
+    af = act.reshape(-1)
+    seen_a = np.zeros((l1 - l0, E * W), np.int32)  # micro-batch number + 1 that last used (expert, GPU) per layer
+    pp = np.zeros((l1 - l0, 4, W), np.int64)  # per-pair sends: sent intra, received intra, sent inter, received inter
     for b in range(starts.shape[0] - 1):
         for t0 in range(starts[b], starts[b + 1], 512):
             t1 = min(starts[b + 1], t0 + 512)
@@ -207,6 +215,8 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
                 Bl = B[layer - l0]
                 rb = layer * E * W
                 lb = (b * L + layer) * W
+                sa = seen_a[layer - l0]
+                ppl = pp[layer - l0]
                 loc = 0
                 nloc = 0
                 for t in range(t0, t1):
@@ -229,6 +239,11 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
                         nloc += nd == hn
                         mrow[g] += first_visit(seen_g, g, stamp)  # first pair of this token-layer on GPU g
                         brow[nd] += first_visit(seen_n, nd, stamp) & (nd != hn)  # first pair on remote node nd
+                        af[lb + g] += first_visit(sa, e * W + g, b + 1)  # first pair of expert e on GPU g
+                        if g != h:  # per-pair sends (no dedup): class 0 intra-node, 2 inter-node
+                            c = 2 * (nd != hn)
+                            ppl[c, h] += 1
+                            ppl[c + 1, g] += 1
                 local[layer] += loc
                 nlocal[layer] += nloc
         for layer in range(l0, l1):
@@ -255,6 +270,16 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
                         Bl[h, nd] = 0
             counts_and_clear(X, node, G, tot_pg[layer], cpg[b, layer], col, own)
             counts_and_clear(TH, node, G, none, cth[b, layer], col, own)
+            ppl = pp[layer - l0]
+            for c in range(2):
+                tot = 0
+                busy = 0
+                for g in range(W):
+                    tot += ppl[2 * c, g]
+                    busy = max(busy, ppl[2 * c, g], ppl[2 * c + 1, g])
+                cpp[b, layer, c] = tot
+                cpp[b, layer, 2 + c] = busy
+            ppl[:] = 0
     return -1
 
 

@@ -16,7 +16,7 @@ from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster
 from moeplace.simulate import routing
 from moeplace.simulate.batching import BatchConfig
-from moeplace.simulate.cost import CostConfig
+from moeplace.simulate.cost import KERNEL_MODES, CostConfig
 from moeplace.simulate.routing import DEDUP_MODES
 
 
@@ -112,6 +112,12 @@ class PhaseResult:
                 out[f"{prefix}layer_time{key}_s"] = _stat_additive(comm + pm["compute_time"])
             out[f"{prefix}traffic_matrix_bytes"] = self.byte_matrix(mode).sum(0).tolist()
         out["compute_time_s"] = _stat_additive(pm["compute_time"])
+        # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
+        out["kernel_time"] = {f"{k}_s": _stat_additive(pm[k]) for k in (
+            "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time")}
+        for k in KERNEL_MODES:
+            out["kernel_time"][k] = {f"{part}_s": _stat_additive(pm[f"{k}.{part}"])
+                                     for part in ("dispatch_time", "combine_time")}
         bal, imb = self.balancedness_per_layer, self.imbalance_ratio_per_layer
         W = self.load.shape[-1]
         bal_mb = routing.balancedness_of(pm["pairs"], pm["max_load"], W).mean(1) if self.num_microbatches \

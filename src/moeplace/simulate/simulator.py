@@ -27,7 +27,7 @@ import numpy as np
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import kernels
 from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
-from moeplace.simulate.cost import CostConfig, microbatch_metrics, pair_flops_of
+from moeplace.simulate.cost import CostConfig, TimeTerms, microbatch_metrics, pair_flops_of, time_terms
 from moeplace.simulate.result import PhaseResult, SimResult
 from moeplace.simulate.routing import (
     DEDUP_MODES,
@@ -66,13 +66,15 @@ class _Ctx:
     cost: CostConfig
     batching: BatchConfig
     plan: Plan
+    terms: TimeTerms  # the kernel time model's constants (moeplace.simulate.cost.time_terms)
     serve: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
     node: np.ndarray | None = None  # int64 [W] node of each GPU
 
-    def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray) -> dict[str, np.ndarray]:
+    def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray, active: np.ndarray,
+                pair_counts: np.ndarray, phase: str) -> dict[str, np.ndarray]:
         """Per-micro-batch metrics of the time model (:func:`moeplace.simulate.cost.microbatch_metrics`)."""
         return microbatch_metrics(counts, load, self.cluster, self.dispatch_send_bytes, self.combine_send_bytes,
-                                  self.pair_seconds)
+                                  self.pair_seconds, active, pair_counts, self.terms, phase)
 
     @property
     def W(self) -> int:
@@ -117,7 +119,8 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
     W = cluster.world_size
     tab = build_route_tables(pl.phy2log, pl.slot_gpu, np.arange(W) // cluster.gpus_per_node, meta.num_experts)
     return _Ctx(meta, pl, cluster, tab, rule, int(hidden), hidden * cost.dispatch_bytes, hidden * cost.combine_bytes,
-                pair_flops / cluster.expert_flops, cost, batching, plan, tab.kernel_serve(rule),
+                pair_flops / cluster.expert_flops, cost, batching, plan, time_terms(cost, int(hidden), meta.model),
+                tab.kernel_serve(rule),
                 np.arange(W, dtype=np.int64) // cluster.gpus_per_node)
 
 
@@ -136,6 +139,7 @@ class _PhaseAcc:
     def __init__(self, ctx: _Ctx, lay: Layout, phase: int) -> None:
         L, W = ctx.meta.num_layers, ctx.W
         self.ctx, self.phase = ctx, phase
+        self.name = "prefill" if phase == PREFILL else "decode"
         self.expect_ids, self.expect_n = lay.mb_ids[phase], lay.mb_tokens[phase]
         self.tokens = 0
         self.pairs = np.zeros(L, np.int64)
@@ -197,18 +201,21 @@ class _PhaseAcc:
         nb = len(umb)
         loads = np.zeros((nb, L, ctx.W), np.int64)
         counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
+        active = np.zeros((nb, L, ctx.W), np.int64)  # distinct experts with pairs per GPU (roofline memory term)
+        pair_counts = np.zeros((nb, L, 4), np.int64)  # sends without dedup (DeepEP low-latency)
         if self.node_sends is None:
             self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
         bad = kernels.by_layers(kernels.microbatch_kernel, L, np.ascontiguousarray(ids, np.int16),
                                 np.ascontiguousarray(rows[order]), np.ascontiguousarray(home[order], np.int64),
                                 starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, ctx.node, ctx.G, loads,
                                 counts["per_gpu"], counts["two_hop"],
-                                self.sends["per_gpu"], self.node_sends, self.local, self.node_local)
+                                self.sends["per_gpu"], self.node_sends, self.local, self.node_local,
+                                active, pair_counts)
         if max(bad) >= 0:
             raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
         self.load += loads.sum(0)
         self.done_ids.append(umb.astype(np.int64))
-        self.done.append(ctx.metrics(counts, loads))
+        self.done.append(ctx.metrics(counts, loads, active, pair_counts, self.name))
 
     def result(self, name: str) -> PhaseResult:
         if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
@@ -230,7 +237,8 @@ class _PhaseAcc:
         else:
             ids = np.zeros(0, np.int64)
             z = np.zeros((0, L, 6), np.int64)
-            pm = self.ctx.metrics({m: z for m in DEDUP_MODES}, np.zeros((0, L, self.ctx.W), np.int64))
+            zw = np.zeros((0, L, self.ctx.W), np.int64)
+            pm = self.ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw, np.zeros((0, L, 4), np.int64), self.name)
         return PhaseResult(name, self.tokens, self.ctx.dispatch_send_bytes, self.ctx.combine_send_bytes, ids,
                            self.pairs, self.load, self.local, self.node_local, self.sends, pm)
 
@@ -328,7 +336,8 @@ def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray,
                             np.ascontiguousarray(np.asarray(home, np.int64)[order]), starts, tab.kernel_serve(rule),
                             tab.cand_gpu, tab.cand_ok, node, cluster.gpus_per_node, loads, counts, counts.copy(),
                             np.zeros((L, W, W), np.int64), np.zeros((L, W, cluster.num_nodes), np.int64),
-                            np.zeros(L, np.int64), np.zeros(L, np.int64))
+                            np.zeros(L, np.int64), np.zeros(L, np.int64), np.zeros_like(loads),
+                            np.zeros((nb, L, 4), np.int64))
     if max(bad) >= 0:
         raise ValueError(f"route_load: a token row has an expert id out of range [0, {E})")
     return loads.sum(0)
