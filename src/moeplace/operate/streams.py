@@ -164,6 +164,10 @@ def _concat(parts: list[TokenChunk], meta: TraceMeta) -> TokenChunk:
     return tk
 
 
+def _synthetic(meta: TraceMeta) -> str:
+    return " [SYNTHETIC]" if meta.synthetic else ""
+
+
 def dataset_of(source: np.ndarray) -> np.ndarray:
     """object [Rq]: the dataset part of each request's ``source`` (text before the first ``/``)."""
     return np.array([str(s).split("/", 1)[0] for s in source], dtype=object)
@@ -187,7 +191,7 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
         runs = 1 + int((req.domain[1:] != req.domain[:-1]).sum()) if len(req) else 0
         if len(doms) > 1 and runs == len(doms):
             label += f" (sorted by domain: a drift {' -> '.join(doms)})"
-        return Stream(label, meta, _lazy_table_windows(p, meta, req, w, chunk_tokens), len(req),
+        return Stream(label + _synthetic(meta), meta, _lazy_table_windows(p, meta, req, w, chunk_tokens), len(req),
                       {"source": str(p), "order": order})
     trace = read_trace(p)
     key = dataset_of(trace.requests.source) if order == "dataset" else trace.requests.domain
@@ -197,7 +201,7 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
     trace = Trace(trace.meta, _sub_requests(trace.requests, perm), trace.tokens, None)
     what = "dataset" if order == "dataset" else "domain"
     label = f"{name}, ordered by {what} ({len(firsts)} {what}s in first-seen order: a drift)"
-    return Stream(label, meta, memory_windows(trace, w), len(trace.requests),
+    return Stream(label + _synthetic(meta), meta, memory_windows(trace, w), len(trace.requests),
                   {"source": str(p), "order": order, f"{what}s": firsts})
 
 
@@ -249,7 +253,7 @@ def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases:
     d = drift_trace(t, phases, seed)
     desc = " -> ".join("/".join(f"{k}:{v:.2g}" for k, v in ph.mix.items() if v > 0) + f" x{ph.requests}"
                        for ph in phases)
-    label = f"seeded drift of {name} (seed {seed}; phases {desc})"
+    label = f"seeded drift of {name} (seed {seed}; phases {desc})" + _synthetic(d.meta)
     return Stream(label, d.meta, memory_windows(d, w), len(d.requests),
                   {"order": "drift", "seed": seed,
                    "phases": [{"requests": ph.requests, "mix": ph.mix} for ph in phases]})
