@@ -174,7 +174,7 @@ def test_dashboard_renders_live_state_in_chromium(live, tmp_path):
     assert m, f"the page never drew a state; chromium stderr: {out.stderr[-2000:]}"
     drawn = int(m.group(1))
     assert 1 <= drawn <= state["windows"], "the page shows a window the loop has not reached"
-    assert f'<td id="policy">periodic</td>' in dom
+    assert '<td id="policy">periodic</td>' in dom
     assert re.search(r'<td id="balancedness">0\.\d{4}</td>', dom)
     loads = re.findall(r'class="gpu" data-load="([\d.]+)"', dom)
     assert len(loads) == 8 and sum(map(float, loads)) > 0

@@ -13,8 +13,8 @@ Every policy is called at the end of each window with what the loop observed and
 - ``threshold``: EPLB from the last window's load when its balancedness falls below ``threshold``.
 - ``moeplace`` (ours): per layer, two candidates built from the recent load (an exponential average of
   windows, newest weight 1/2):
-  *replicate first* (only redundant replicas move: hot experts gain replicas on the least-loaded GPUs, cold ones
-  lose theirs; primaries stay) and *re-place* (EPLB, its GPUs matched to the old ones with
+  *replicate first* (redundant replicas move: hot experts gain replicas on the least-loaded GPUs, cold ones
+  lose theirs; a primary moves only to make room) and *re-place* (EPLB, its GPUs matched to the old ones with
   ``linear_sum_assignment`` so the fewest experts move, and unchanged slots kept). Each candidate's gain is its
   predicted layer time (the simulator's time model replayed on the last window) saved per step times
   ``horizon_steps``; its cost is the migration time of its changed slots (:mod:`.migration`). A layer changes
@@ -148,16 +148,42 @@ def replicate_first(current: np.ndarray, load: np.ndarray, num_gpus: int) -> np.
         ok = True
         for e in need:
             cand = [p for p in free if not (row[gpu == gpu[p]] == e).any()]
-            if not cand:
-                ok = False
-                break
-            p = min(cand, key=lambda q: (gl[gpu[q]], q))
+            if cand:
+                p = min(cand, key=lambda q: (gl[gpu[q]], q))
+            else:  # every free slot is on a GPU holding e: shift one other expert x into a free slot first
+                p = _make_room(row, gpu, free, e, gl, share)
+                if p < 0:
+                    ok = False
+                    break
             row[p] = e
             gl[gpu[p]] += share[e]
             free.remove(p)
         if ok and not free:
             out[li] = row
     return out
+
+
+def _make_room(row: np.ndarray, gpu: np.ndarray, free: list[int], e: int, gl: np.ndarray,
+               share: np.ndarray) -> int:
+    """A slot for a new replica of ``e`` when every free slot sits on a GPU that holds ``e``: move the coldest
+    expert x of the least-loaded GPU without ``e`` into a free slot whose GPU lacks x, and return x's old slot
+    (free, on a GPU without ``e``); -1 when no such x exists. Edits ``row``, ``free`` and ``gl`` in place."""
+    W = int(gpu.max()) + 1
+    holders = set(gpu[row == e].tolist())
+    for g in sorted(set(range(W)) - holders, key=lambda h: gl[h]):
+        for q in sorted(np.flatnonzero((gpu == g) & (row >= 0)).tolist(), key=lambda s: share[row[s]]):
+            x = int(row[q])
+            dest = [f for f in free if not (row[gpu == gpu[f]] == x).any()]
+            if dest:
+                f = dest[0]
+                row[f] = x
+                gl[gpu[f]] += share[x]
+                free.remove(f)
+                row[q] = -1
+                gl[g] -= share[x]
+                free.append(q)
+                return q
+    return -1
 
 
 @dataclass
