@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up moeplace in ./.venv with pinned versions (idempotent).
 #   bash scripts/setup.sh          # runtime dependencies
-#   bash scripts/setup.sh --test   # plus test tools and Debian's chromium (for the HTML report test)
+#   bash scripts/setup.sh --test   # plus test tools, Debian's chromium (HTML report and dashboard tests) and
+#                                  # Debian's prometheus (promtool and the server, for the operate alert tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -28,5 +29,14 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null; then
       || echo "warning: could not install chromium; the browser test will be skipped" >&2
   else
     echo "warning: not root, cannot apt-get install chromium; the browser test will be skipped" >&2
+  fi
+fi
+if [ "${1:-}" = "--test" ] && ! command -v prometheus >/dev/null; then
+  echo "== installing Debian's prometheus (promtool + server) for the operate alert tests"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+      || echo "warning: could not install prometheus; the alert tests will be skipped" >&2
+  else
+    echo "warning: not root, cannot apt-get install prometheus; the alert tests will be skipped" >&2
   fi
 fi

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "moeplace.cli.analyze_cmd",
     "moeplace.cli.plan_cmd",
     "moeplace.cli.run_cmd",
+    "moeplace.cli.operate_cmd",
 )
 
 EPILOG = """examples:

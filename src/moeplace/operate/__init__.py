@@ -1,0 +1,18 @@
+"""Operate: the live loop. A stream of routing -> counters -> metrics endpoint, alerts and dashboard ->
+rebalance policy -> migration plan and engine exports (docs/OPERATE.md).
+
+- :mod:`.streams`: traces replayed as streams in a stated order, and seeded drifts built from them.
+- :mod:`.counters`: sampled per-domain expert counts and capacity drops per window.
+- :mod:`.migration`: minimal-move matching, migration plans and their cost.
+- :mod:`.policies`: the rebalancer policies in a registry (static, periodic, threshold, moeplace).
+- :mod:`.loop`: :func:`operate`, the loop itself.
+- :mod:`.metrics`: Prometheus metrics, the HTTP endpoint and the live dashboard.
+"""
+
+from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, WindowReport, operate
+from moeplace.operate.policies import POLICIES, SGLANG_REBALANCE_STEPS, make_policy
+from moeplace.operate.streams import Phase, Stream, default_phases, drift_stream, drift_trace, trace_stream
+
+__all__ = ["POLICIES", "SGLANG_REBALANCE_STEPS", "OperateConfig", "OperateError", "OperateResult", "Phase",
+           "Stream", "WindowReport", "default_phases", "drift_stream", "drift_trace", "make_policy", "operate",
+           "trace_stream"]

@@ -1,0 +1,246 @@
+"""Rebalancer policies, in a registry keyed by name: when to change the placement, and to what.
+
+Shape legend: L = MoE layers, E = logical experts, P = physical slots, W = GPUs.
+
+Every policy is called at the end of each window with what the loop observed and returns a new ``phy2log``
+[L, P] or None (keep the plan). Steps are forward passes (micro-batches, prefill and decode).
+
+- ``static``: never changes the initial (linear) placement.
+- ``static-eplb``: EPLB from the first window's load, once.
+- ``periodic``: EPLB from the load accumulated since the last change, every ``period_steps`` steps; the new map
+  replaces the old one whole (SGLang: ``--eplb-rebalance-num-iterations``, default 1000).
+- ``periodic-preserve``: the same, with vLLM's slot preservation: experts that stay on a GPU keep their slots.
+- ``threshold``: EPLB from the last window's load when its balancedness falls below ``threshold``.
+- ``moeplace`` (ours): per layer, two candidates built from the recent load (an exponential average of
+  windows, newest weight 1/2):
+  *replicate first* (redundant replicas move: hot experts gain replicas on the least-loaded GPUs, cold ones
+  lose theirs; a primary moves only to make room) and *re-place* (EPLB, its GPUs matched to the old ones with
+  ``linear_sum_assignment`` so the fewest experts move, and unchanged slots kept). Each candidate's gain is its
+  predicted layer time (the simulator's time model replayed on the last window) saved per step times
+  ``horizon_steps``; its cost is the migration time of its changed slots (:mod:`.migration`). A layer changes
+  when gain >= ``margin`` x cost, to the candidate with the largest gain minus cost, and at most ``chunk_layers``
+  layers change per decision (the largest net first): migration in chunks of layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moeplace.operate.migration import match_gpus, migration_plan, preserve_slots
+from moeplace.placement import Cluster
+from moeplace.plan.eplb import rebalance, replicate_experts
+
+SGLANG_REBALANCE_STEPS = 1000  # SGLang's eplb_rebalance_num_iterations default (server_args.py)
+
+
+@dataclass
+class Observation:
+    """What the loop saw in the window that just ended, under the plan in force."""
+
+    window: int  # index of the window
+    steps: int  # forward passes in it
+    load: np.ndarray  # float64 [L, E]: estimated expert load (sampled counts x n)
+    balancedness: float  # mean over layers of mean_g / max_g GPU load
+    layer_time: np.ndarray  # float64 [L]: predicted MoE layer time of the window, seconds, per layer
+    predict: Callable[[np.ndarray], np.ndarray]  # phy2log [L, P] -> float [L] layer time of this window's routing
+
+
+@dataclass
+class Context:
+    """What a policy may use besides the observation."""
+
+    cluster: Cluster
+    num_slots: int  # P
+    expert_bytes: float  # bytes of one expert's weights
+    num_groups: int = 1  # expert groups for EPLB (1: global policy)
+
+
+@dataclass
+class PolicyState:
+    """The plan in force and what has accumulated since it changed."""
+
+    phy2log: np.ndarray  # int64 [L, P]
+    steps_since_change: int = 0
+    load_since_change: np.ndarray | None = None  # float64 [L, E]
+    ema_load: np.ndarray | None = None  # float64 [L, E]
+    windows: int = 0
+
+
+def eplb_map(load: np.ndarray, ctx: Context) -> np.ndarray:
+    """int64 [L, P]: DeepSeek's EPLB for ``load`` [L, E] on the context's cluster."""
+    c = ctx.cluster
+    return rebalance(load, ctx.num_slots, ctx.num_groups, c.num_nodes, c.world_size)
+
+
+@dataclass
+class Policy:
+    """Base: never changes anything (``static``)."""
+
+    name: str = "static"
+
+    def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        return None
+
+
+@dataclass
+class StaticEplb(Policy):
+    name: str = "static-eplb"
+
+    def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        return eplb_map(obs.load, ctx) if obs.window == 0 else None
+
+
+@dataclass
+class Periodic(Policy):
+    name: str = "periodic"
+    period_steps: int = SGLANG_REBALANCE_STEPS
+    preserve: bool = False  # vLLM's slot preservation
+
+    def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        if state.steps_since_change < self.period_steps:
+            return None
+        new = eplb_map(state.load_since_change, ctx)
+        return preserve_slots(state.phy2log, new, ctx.cluster.world_size) if self.preserve else new
+
+
+@dataclass
+class Threshold(Policy):
+    name: str = "threshold"
+    threshold: float = 0.5  # rebalance when the window's balancedness is below this
+
+    def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        return eplb_map(obs.load, ctx) if obs.balancedness < self.threshold else None
+
+
+def replicate_first(current: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
+    """int64 [L, P]: ``current`` with only redundant replicas moved to follow ``load`` [L, E].
+
+    Target replica counts are EPLB's (one more replica at a time to the largest load per replica, at most one per
+    GPU). Experts above their target free their replicas on the busiest GPUs; experts below it get the freed
+    slots, hottest first, each on the least-loaded GPU that does not hold it yet. An expert's last replica never
+    moves. A layer where no such assignment exists is left unchanged.
+    """
+    cur = np.asarray(current, np.int64)
+    L, P = cur.shape
+    E = load.shape[1]
+    S = P // num_gpus
+    gpu = np.arange(P) // S
+    _, _, target = replicate_experts(np.asarray(load, np.float64), P, max_replicas=num_gpus)
+    out = cur.copy()
+    for li in range(L):
+        row = cur[li].copy()
+        c = target[li]
+        share = load[li] / c  # predicted load of one replica under the target counts
+        have = np.bincount(row, minlength=E)
+        gl = np.bincount(gpu, weights=share[row], minlength=num_gpus)
+        free: list[int] = []
+        for e in np.flatnonzero(have > c).tolist():
+            slots = np.flatnonzero(row == e)
+            slots = slots[np.argsort(-gl[gpu[slots]], kind="stable")][: have[e] - c[e]]
+            for p in slots.tolist():
+                gl[gpu[p]] -= share[e]
+                row[p] = -1
+                free.append(p)
+        need = [e for e in np.argsort(-share, kind="stable").tolist() for _ in range(max(c[e] - have[e], 0))]
+        ok = True
+        for e in need:
+            cand = [p for p in free if not (row[gpu == gpu[p]] == e).any()]
+            if cand:
+                p = min(cand, key=lambda q: (gl[gpu[q]], q))
+            else:  # every free slot is on a GPU holding e: shift one other expert x into a free slot first
+                p = _make_room(row, gpu, free, e, gl, share)
+                if p < 0:
+                    ok = False
+                    break
+            row[p] = e
+            gl[gpu[p]] += share[e]
+            free.remove(p)
+        if ok and not free:
+            out[li] = row
+    return out
+
+
+def _make_room(row: np.ndarray, gpu: np.ndarray, free: list[int], e: int, gl: np.ndarray,
+               share: np.ndarray) -> int:
+    """A slot for a new replica of ``e`` when every free slot sits on a GPU that holds ``e``: move the coldest
+    expert x of the least-loaded GPU without ``e`` into a free slot whose GPU lacks x, and return x's old slot
+    (free, on a GPU without ``e``); -1 when no such x exists. Edits ``row``, ``free`` and ``gl`` in place."""
+    W = int(gpu.max()) + 1
+    holders = set(gpu[row == e].tolist())
+    for g in sorted(set(range(W)) - holders, key=lambda h: gl[h]):
+        for q in sorted(np.flatnonzero((gpu == g) & (row >= 0)).tolist(), key=lambda s: share[row[s]]):
+            x = int(row[q])
+            dest = [f for f in free if not (row[gpu == gpu[f]] == x).any()]
+            if dest:
+                f = dest[0]
+                row[f] = x
+                gl[gpu[f]] += share[x]
+                free.remove(f)
+                row[q] = -1
+                gl[g] -= share[x]
+                free.append(q)
+                return q
+    return -1
+
+
+@dataclass
+class MoePlace(Policy):
+    name: str = "moeplace"
+    horizon_steps: int = SGLANG_REBALANCE_STEPS  # steps a change is expected to pay back over
+    margin: float = 2.0  # change a layer only when predicted gain >= margin x migration time
+    chunk_layers: int = 0  # layers changed per decision at most (0: a quarter of the layers, at least 1)
+    last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
+
+    def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        cur = state.phy2log
+        L = cur.shape[0]
+        W = ctx.cluster.world_size
+        load = state.ema_load if state.ema_load is not None else obs.load
+        cands = {"replicate": replicate_first(cur, load, W), "replace": match_gpus(cur, eplb_map(load, ctx), W)}
+        scale = self.horizon_steps / max(obs.steps, 1)
+        best_net = np.zeros(L)
+        best = np.full(L, "", dtype=object)
+        for name, cand in cands.items():
+            changed = (cand != cur).any(1)
+            if not changed.any():
+                continue
+            t = obs.predict(np.where(changed[:, None], cand, cur))
+            for li in np.flatnonzero(changed).tolist():
+                gain = (obs.layer_time[li] - t[li]) * scale
+                cost = migration_plan(cur[li:li + 1], cand[li:li + 1], ctx.cluster, ctx.expert_bytes).seconds
+                net = gain - cost
+                if gain >= self.margin * cost and gain > 0 and net > best_net[li]:
+                    best_net[li], best[li] = net, name
+        chosen = [li for li in np.argsort(-best_net, kind="stable").tolist() if best[li]]
+        chunk = self.chunk_layers or max(1, L // 4)
+        chosen = chosen[:chunk]
+        self.last = {"window": obs.window, "layers": sorted(chosen),
+                     "candidates": {str(li): str(best[li]) for li in chosen},
+                     "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0}
+        if not chosen:
+            return None
+        new = cur.copy()
+        for li in chosen:
+            new[li] = cands[best[li]][li]
+        return new
+
+
+POLICIES: dict[str, tuple[str, Callable[..., Policy]]] = {
+    "static": ("never change the initial linear placement", Policy),
+    "static-eplb": ("EPLB from the first window, once", StaticEplb),
+    "periodic": (f"EPLB every N steps, map replaced whole (SGLang; N={SGLANG_REBALANCE_STEPS})", Periodic),
+    "periodic-preserve": ("periodic EPLB, experts staying on a GPU keep their slots (vLLM)",
+                          lambda **kw: Periodic(name="periodic-preserve", preserve=True, **kw)),
+    "threshold": ("EPLB when the window's balancedness falls below a threshold", Threshold),
+    "moeplace": ("ours: predicted gain minus migration cost, replicate first, minimal moves, layer chunks", MoePlace),
+}
+
+
+def make_policy(name: str, **params: object) -> Policy:
+    """The policy ``name`` with ``params`` (its dataclass fields); ValueError listing the known names."""
+    if name not in POLICIES:
+        raise ValueError(f"policy {name!r}: expected one of {', '.join(POLICIES)}")
+    return POLICIES[name][1](**params)

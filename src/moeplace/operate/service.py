@@ -1,0 +1,56 @@
+"""``moeplace operate`` as one library call: build the stream, serve metrics and the dashboard, run the loop,
+write the JSON summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from moeplace.io import atomic_write_json
+from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, operate
+from moeplace.operate.metrics import MetricsServer, OperateMetrics
+from moeplace.operate.streams import ORDERS, Stream, drift_stream, trace_stream
+
+STREAM_ORDERS = (*ORDERS, "drift")
+
+
+def open_stream(path: str | Path, window_requests: int, order: str = "table", seed: int = 0,
+                drift_requests: int = 1000) -> Stream:
+    """The stream ``moeplace operate`` replays: a trace in ``order`` (:data:`STREAM_ORDERS`); ``drift``: the seeded
+    drift of :func:`moeplace.operate.streams.drift_stream`, one phase per domain of ``drift_requests`` requests."""
+    if order == "drift":
+        return drift_stream(path, window_requests, seed=seed, requests_per_phase=drift_requests)
+    if order not in ORDERS:
+        raise ValueError(f"stream order {order!r}: expected one of {STREAM_ORDERS}")
+    return trace_stream(path, window_requests, order)
+
+
+def run(stream: Stream, cfg: OperateConfig, policy: str = "moeplace", out: str | Path | None = None,
+        json_path: str | Path | None = None, metrics_port: int | None = None, linger_s: float = 0.0,
+        on_start: object = None, **policy_params: object) -> OperateResult:
+    """Run the loop on ``stream``; with ``metrics_port`` serve /metrics, / and /api/state on 127.0.0.1 (the port
+    is passed to ``on_start(url)`` once listening) and keep serving ``linger_s`` seconds after the end. The JSON
+    summary (benchmark keys, parameters, per-window history) goes to ``json_path``."""
+    metrics = server = None
+    if metrics_port is not None:
+        metrics = OperateMetrics()
+        server = MetricsServer(metrics, metrics_port)
+        if callable(on_start):
+            on_start(server.url)
+    try:
+        try:
+            res = operate(stream, cfg, policy, out, metrics.update if metrics else None, **policy_params)
+        except OperateError as e:
+            if metrics is not None:
+                metrics.finish(str(e))
+            raise
+        if metrics is not None:
+            metrics.finish()
+        if json_path is not None:
+            atomic_write_json(res.to_json(), json_path)
+        if server is not None and linger_s > 0:
+            time.sleep(linger_s)
+        return res
+    finally:
+        if server is not None:
+            server.close()

@@ -1,0 +1,259 @@
+"""Streams of routing for the operate loop: a trace replayed request by request, in windows, in a stated order.
+
+Shape legend: T = token rows, L = MoE layers, K = top-k, Rq = requests.
+
+A :class:`Stream` is a label plus an iterator of *windows*: in-memory per-token traces of ``window_requests``
+consecutive requests in arrival order (request table = arrival order, so :mod:`moeplace.simulate.batching` forms
+the same decode micro-batches as a replay of the whole stream when ``window_requests`` is a multiple of the decode
+batch; prefill prompts restart at each window). Every stream says what it is in ``label``:
+
+- :func:`trace_stream` ``order="table"``: a trace directory replayed in its request-table order, read lazily through
+  the validating reader (a corrupt shard stops the stream where it is met). The bundled default trace's table is
+  sorted by domain, so this order *is* a domain drift (code, then chat, general, math).
+- :func:`trace_stream` ``order="dataset"``: requests sorted by dataset (the part of ``source`` before ``/``), e.g.
+  the gpt-oss-20b data; one dataset after another is a drift of real prompts.
+- :func:`drift_stream`: a seeded drift built from a trace: phases with different domain mixes, each drawing its
+  requests (with replacement, fresh request ids) from the trace's domain pools.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from moeplace.trace.store import (
+    Requests,
+    TokenChunk,
+    Trace,
+    TraceError,
+    TraceMeta,
+    iter_token_chunks,
+    read_meta,
+    read_requests,
+    read_trace,
+)
+
+ORDERS = ("table", "dataset", "domain")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a drift: how many requests, drawn from which domains in what proportion."""
+
+    requests: int  # requests drawn in this phase
+    mix: dict[str, float]  # domain -> weight (normalised); domains missing from the trace raise ValueError
+
+    def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise ValueError(f"drift phase: requests must be >= 1, got {self.requests}")
+        if not self.mix or any(not w >= 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
+            raise ValueError(f"drift phase: mix must give non-negative weights with a positive sum, got {self.mix}")
+
+
+def default_phases(domains: list[str], requests_per_phase: int, share: float = 0.7) -> list[Phase]:
+    """One phase per domain, in the given order: ``share`` of the requests from that domain, the rest spread
+    evenly over the others (4 domains, share 0.7: 70 / 10 / 10 / 10)."""
+    if len(domains) < 2:
+        return [Phase(requests_per_phase, {d: 1.0 for d in domains})]
+    rest = (1.0 - share) / (len(domains) - 1)
+    return [Phase(requests_per_phase, {d: (share if d == top else rest) for d in domains}) for top in domains]
+
+
+@dataclass
+class Stream:
+    """Windows of routing in arrival order, with a label that says what they are."""
+
+    label: str  # e.g. "reference-default.trace, request-table order (domain drift)"
+    meta: TraceMeta
+    windows: Iterator[Trace]  # in-memory traces of consecutive requests
+    num_requests: int  # requests the stream will replay (when known up front)
+    info: dict = field(default_factory=dict)  # JSON-able facts: order, seed, phases, source path
+
+
+def _check_window(window_requests: int) -> int:
+    if isinstance(window_requests, bool) or not isinstance(window_requests, (int, np.integer)) \
+            or window_requests < 1:
+        raise ValueError(f"window_requests must be a positive integer, got {window_requests!r}")
+    return int(window_requests)
+
+
+def _sorted_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(row order [T], start offset of each request [Rq + 1]): token rows grouped by request in table order,
+    by position inside a request."""
+    req, tk = trace.requests, trace.tokens
+    order = np.argsort(req.request_id, kind="stable")
+    idx = np.searchsorted(req.request_id[order], tk.request_id)
+    idx = np.minimum(idx, max(len(order) - 1, 0))
+    if len(order) == 0 or (req.request_id[order][idx] != tk.request_id).any():
+        raise ValueError("stream: a token row names a request that is not in the request table")
+    table_index = order[idx]
+    rows = np.lexsort((tk.position, table_index))
+    starts = np.searchsorted(table_index[rows], np.arange(len(req) + 1))
+    return rows, starts
+
+
+def _sub_requests(req: Requests, sl: slice | np.ndarray) -> Requests:
+    return Requests(req.request_id[sl], req.domain[sl], req.source[sl], req.prompt_len[sl], req.gen_len[sl])
+
+
+def memory_windows(trace: Trace, window_requests: int) -> Iterator[Trace]:
+    """Windows of an in-memory trace, its request table taken as the arrival order."""
+    w = _check_window(window_requests)
+    if trace.tokens is None:
+        raise ValueError("stream: operate needs a per-token trace; this one is counts-only")
+    rows, starts = _sorted_rows(trace)
+    R = len(trace.requests)
+    for s in range(0, R, w):
+        e = min(R, s + w)
+        yield Trace(trace.meta, _sub_requests(trace.requests, slice(s, e)),
+                    trace.tokens.select(rows[starts[s]:starts[e]]), None)
+
+
+def _lazy_table_windows(path: Path, meta: TraceMeta, req: Requests, window_requests: int,
+                        chunk_tokens: int) -> Iterator[Trace]:
+    """Windows of a trace directory in table order, reading token chunks as needed (bounded by one window of rows
+    plus one chunk). Token rows must come in request-table order of windows; a row of a window already emitted
+    raises TraceError."""
+    w = window_requests
+    R = len(req)
+    order = np.argsort(req.request_id, kind="stable")
+    sorted_ids = req.request_id[order]
+    pending: list[TokenChunk] = []
+    pending_win: list[np.ndarray] = []
+    next_win = 0  # first window not yet emitted
+    nwin = (R + w - 1) // w
+
+    def emit(upto: int) -> Iterator[Trace]:
+        nonlocal next_win, pending, pending_win
+        while next_win < upto:
+            s, e = next_win * w, min(R, next_win * w + w)
+            parts = [c.select(pw == next_win) for c, pw in zip(pending, pending_win, strict=True)]
+            keep = [(c.select(pw != next_win), pw[pw != next_win]) for c, pw in zip(pending, pending_win,
+                                                                                      strict=True)]
+            pending = [k[0] for k in keep if len(k[1])]
+            pending_win = [k[1] for k in keep if len(k[1])]
+            tok = _concat(parts, meta)
+            yield Trace(meta, _sub_requests(req, slice(s, e)), tok, None)
+            next_win += 1
+
+    for ch in iter_token_chunks(path, chunk_tokens=chunk_tokens, columns_weights=False):
+        idx = order[np.minimum(np.searchsorted(sorted_ids, ch.request_id), R - 1)]
+        win = idx // w
+        if len(win) and win.min() < next_win:
+            raise TraceError(f"{path}: token rows are not in request-table order (a row of request "
+                             f"{int(ch.request_id[np.argmin(win)])} comes after its window was replayed); "
+                             "replay it with order='domain' or 'dataset', which read the whole trace first")
+        pending.append(ch)
+        pending_win.append(win)
+        if len(win):
+            yield from emit(int(win.min()))
+    yield from emit(nwin)
+
+
+def _concat(parts: list[TokenChunk], meta: TraceMeta) -> TokenChunk:
+    K, L = meta.top_k, meta.num_layers
+    if not parts:
+        return TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8),
+                          np.zeros((0, L, K), np.int16))
+    tk = TokenChunk(np.concatenate([p.request_id for p in parts]), np.concatenate([p.position for p in parts]),
+                    np.concatenate([p.phase for p in parts]), np.concatenate([p.expert_ids for p in parts]))
+    return tk
+
+
+def _synthetic(meta: TraceMeta) -> str:
+    return " [SYNTHETIC]" if meta.synthetic else ""
+
+
+def dataset_of(source: np.ndarray) -> np.ndarray:
+    """object [Rq]: the dataset part of each request's ``source`` (text before the first ``/``)."""
+    return np.array([str(s).split("/", 1)[0] for s in source], dtype=object)
+
+
+def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "table",
+                 chunk_tokens: int = 1 << 16) -> Stream:
+    """A trace directory replayed as a stream (see the module docstring for ``order``)."""
+    w = _check_window(window_requests)
+    if order not in ORDERS:
+        raise ValueError(f"stream order {order!r}: expected one of {ORDERS}")
+    p = Path(path)
+    meta = read_meta(p)
+    if meta.kind != "tokens":
+        raise TraceError(f"{p}: operate needs a per-token trace; this one is counts-only (kind='counts')")
+    name = p.name
+    if order == "table":
+        req = read_requests(p)
+        label = f"{name}, request-table order"
+        doms = list(dict.fromkeys(req.domain.tolist()))
+        runs = 1 + int((req.domain[1:] != req.domain[:-1]).sum()) if len(req) else 0
+        if len(doms) > 1 and runs == len(doms):
+            label += f" (sorted by domain: a drift {' -> '.join(doms)})"
+        return Stream(label + _synthetic(meta), meta, _lazy_table_windows(p, meta, req, w, chunk_tokens), len(req),
+                      {"source": str(p), "order": order})
+    trace = read_trace(p)
+    key = dataset_of(trace.requests.source) if order == "dataset" else trace.requests.domain
+    firsts = list(dict.fromkeys(key.tolist()))
+    rank = {k: i for i, k in enumerate(firsts)}
+    perm = np.argsort(np.array([rank[k] for k in key.tolist()], np.int64), kind="stable")
+    trace = Trace(trace.meta, _sub_requests(trace.requests, perm), trace.tokens, None)
+    what = "dataset" if order == "dataset" else "domain"
+    label = f"{name}, ordered by {what} ({len(firsts)} {what}s in first-seen order: a drift)"
+    return Stream(label + _synthetic(meta), meta, memory_windows(trace, w), len(trace.requests),
+                  {"source": str(p), "order": order, f"{what}s": firsts})
+
+
+def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0) -> Trace:
+    """A seeded drift built from ``trace``: for each phase, ``phase.requests`` requests drawn with replacement from
+    the trace's domain pools in proportion to ``phase.mix``, shuffled inside the phase, renumbered 0.. in arrival
+    order. Token rows are copied from the drawn requests. Returns an in-memory trace (request table = arrival)."""
+    if trace.tokens is None:
+        raise ValueError("drift: needs a per-token trace; this one is counts-only")
+    if not phases:
+        raise ValueError("drift: give at least one phase")
+    rng = np.random.default_rng(seed)
+    req = trace.requests
+    pools = {d: np.flatnonzero(req.domain == d) for d in dict.fromkeys(req.domain.tolist())}
+    picks = []
+    for ph in phases:
+        unknown = sorted(set(ph.mix) - set(pools))
+        if unknown:
+            raise ValueError(f"drift phase mix names domains {unknown} that the trace lacks (it has {sorted(pools)})")
+        doms = [d for d, x in ph.mix.items() if x > 0]
+        p = np.array([ph.mix[d] for d in doms], np.float64)
+        which = rng.choice(len(doms), size=ph.requests, p=p / p.sum())
+        picks.append(np.array([rng.choice(pools[doms[i]]) for i in which.tolist()], np.int64))
+    pick = np.concatenate(picks)
+    rows, starts = _sorted_rows(trace)
+    lens = starts[pick + 1] - starts[pick]
+    take = np.concatenate([rows[starts[i]:starts[i + 1]] for i in pick.tolist()]) if len(pick) else np.zeros(0, int)
+    tk = trace.tokens.select(take)
+    new_id = np.repeat(np.arange(len(pick), dtype=np.int64), lens)
+    tokens = TokenChunk(new_id, tk.position, tk.phase, tk.expert_ids, None)
+    src = np.array([f"{s} (drawn from request {int(r)})" for s, r in zip(req.source[pick].tolist(),
+                                                                        req.request_id[pick].tolist(), strict=True)],
+                   dtype=object)
+    r = Requests(np.arange(len(pick), dtype=np.int64), req.domain[pick], src, req.prompt_len[pick], req.gen_len[pick])
+    meta = TraceMeta(**{**trace.meta.to_json(), "has_weights": False,
+                        "source": f"drift of {trace.meta.source or trace.meta.model} (seed {seed})"})
+    return Trace(meta, r, tokens, None)
+
+
+def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases: list[Phase] | None = None,
+                 seed: int = 0, requests_per_phase: int = 1000, name: str | None = None) -> Stream:
+    """A seeded drift (:func:`drift_trace`) as a stream. ``phases`` None: :func:`default_phases` over the trace's
+    domains in table order, ``requests_per_phase`` each."""
+    w = _check_window(window_requests)
+    name = name or (Path(trace).name if not isinstance(trace, Trace) else trace.meta.model)
+    t = trace if isinstance(trace, Trace) else read_trace(trace)
+    if phases is None:
+        phases = default_phases(list(dict.fromkeys(t.requests.domain.tolist())), requests_per_phase)
+    d = drift_trace(t, phases, seed)
+    desc = " -> ".join("/".join(f"{k}:{v:.2g}" for k, v in ph.mix.items() if v > 0) + f" x{ph.requests}"
+                       for ph in phases)
+    label = f"seeded drift of {name} (seed {seed}; phases {desc})" + _synthetic(d.meta)
+    return Stream(label, d.meta, memory_windows(d, w), len(d.requests),
+                  {"order": "drift", "seed": seed,
+                   "phases": [{"requests": ph.requests, "mix": ph.mix} for ph in phases]})
