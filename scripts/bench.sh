@@ -20,6 +20,8 @@ run analyse_speed
 run eplb_speed
 run joint_speed
 run capture_overhead
+run kernel_validation
+run operate_policies
 if [ -d ../shared/data/gpt-oss-20b ]; then
   run plan_compare
 else
