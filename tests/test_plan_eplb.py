@@ -64,7 +64,7 @@ def test_refinement_never_worse_and_gap_to_exhaustive():
         assert opt - 1e-12 <= r <= g + 1e-12
         assert (np.bincount(rp[0], minlength=packs) == n // packs).all()
         assert len(set(zip(rp[0].tolist(), key.tolist(), strict=True))) == n  # twin-free
-        assert sorted(zip(rp[0].tolist(), rr[0].tolist())) == sorted((p, k) for p in range(packs)
+        assert sorted(zip(rp[0].tolist(), rr[0].tolist(), strict=True)) == sorted((p, k) for p in range(packs)
                                                                      for k in range(n // packs))
         gaps.append(r / opt - 1)
     print(f"refined vs exhaustive: mean gap {np.mean(gaps):.4f}, max {np.max(gaps):.4f}")
