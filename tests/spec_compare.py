@@ -15,6 +15,24 @@ from spec_simulator import CLASSES, MODES, PHASES, merge_phases, phase_summary
 DECODE_SHIFT = 32  # docs/SIMULATOR.md: decode micro-batch id = window << 32 | step
 
 
+def balanced_kwargs(plan, rule: str) -> dict:
+    """spec_simulate's keyword arguments for ``rule``: for a balanced rule, the code's public ``assign_slots`` as
+    the chooser (the spec checks each choice for optimality with its own solver) and the default locality costs."""
+    from moeplace.simulate import BALANCED_RULES, ReplicaCosts, assign_slots
+
+    if rule not in BALANCED_RULES:
+        return {}
+    pl = plan.placement
+    node = np.arange(pl.num_gpus) // plan.cluster.gpus_per_node
+    c = ReplicaCosts()
+
+    def choose(layer: int, homes: list[int], experts: list[list[int]], rule: str) -> np.ndarray:
+        ex = np.array(experts, np.int64).reshape(len(homes), -1)
+        return assign_slots(pl.phy2log[layer], pl.slot_gpu, node, np.array(homes, np.int64), ex, rule=rule)
+
+    return {"choose": choose, "intra_cost": c.intra_cost, "inter_cost": c.inter_cost}
+
+
 def close(a, b) -> bool:
     return bool(np.allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-9, atol=1e-15))
 

@@ -18,6 +18,13 @@ Definitions (docs/SIMULATOR.md unless noted):
   ``nearest-least-loaded``: pairs in token order then k order pick the tier slot whose GPU has the fewest pairs so
   far in this micro-batch and layer (every pair counts), ties to the lowest slot. ``nearest-static``: tier slot
   number h % len(tier) in slot order.
+- ``balanced-local`` / ``balanced``: the pairs of one micro-batch and layer, each served by any GPU holding its
+  expert, minimise max_g load_g + sum of locality costs (0 on the home GPU, intra_cost on the home node,
+  inter_cost elsewhere); ``balanced`` minimises the max load, then the locality cost. Which optimal assignment is
+  the code's choice: the spec takes it from ``choose`` (the code's public ``assign_slots``) and checks, with its
+  own solver (one binary variable per pair and replica GPU, scipy's MILP), that it is optimal, that every slot
+  holds the pair's expert and is the expert's first slot on its GPU, and that inside each group (home, expert)
+  pairs in token order never go back to an earlier replica GPU in slot order; then counts as for the other rules.
 - per-GPU dedup: one send home -> g per distinct target GPU g (g == home is the intra-GPU "send", the diagonal).
   Two-hop: targets on the home node are sent directly; per remote node n one send home -> n*G + home % G (the GPU
   of the same local rank there), which forwards over NVLink to each other target GPU of node n.
@@ -44,6 +51,7 @@ Definitions (docs/SIMULATOR.md unless noted):
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from moeplace.placement import Plan
 from moeplace.trace.store import Trace
@@ -109,6 +117,79 @@ def choose_slot(rule: str, tier: list[int], home: int, pairs_on_gpu: list[int], 
     if rule == "nearest-least-loaded":
         return min(tier, key=lambda p: (pairs_on_gpu[p // S], p))
     raise ValueError(f"unknown replica rule {rule!r}")
+
+
+BALANCED = ("balanced-local", "balanced")
+
+
+def locality_cost(home: int, g: int, G: int, intra_cost: float, inter_cost: float) -> float:
+    """What serving a pair homed on GPU ``home`` on GPU ``g`` adds to the balanced-local objective, in pairs."""
+    return 0.0 if g == home else (intra_cost if g // G == home // G else inter_cost)
+
+
+def best_balance(options: list[list[int]], homes: list[int], W: int, G: int, intra_cost: float, inter_cost: float,
+                 cap: float | None = None) -> tuple[float, float]:
+    """(max load, locality cost) of the best assignment: pair i goes to one GPU of options[i].
+
+    cap None: minimise max load + locality cost; else minimise the locality cost with every load <= cap.
+    One binary variable per (pair, option) and the max load t: a mixed-integer program (HiGHS through scipy).
+    """
+    var = [(i, g) for i, opts in enumerate(options) for g in opts]
+    n = len(var)
+    c = np.array([locality_cost(homes[i], g, G, intra_cost, inter_cost) for i, g in var] + [1.0 if cap is None
+                                                                                              else 0.0])
+    one = np.zeros((len(options), n + 1))
+    for v, (i, _) in enumerate(var):
+        one[i, v] = 1
+    load = np.zeros((W, n + 1))
+    for v, (_, g) in enumerate(var):
+        load[g, v] = 1
+    load[:, n] = -1
+    hi = np.full(n + 1, 1.0)
+    hi[n] = np.inf if cap is None else cap
+    res = milp(c, constraints=[LinearConstraint(one, 1, 1), LinearConstraint(load, -np.inf, 0)],
+               integrality=np.r_[np.ones(n), 0], bounds=Bounds(np.zeros(n + 1), hi))
+    assert res.success, res.message
+    y = np.round(res.x[:n])
+    loads = [0] * W
+    for v, (_, g) in enumerate(var):
+        loads[g] += int(y[v])
+    return float(max(loads)), float(sum(c[v] * y[v] for v in range(n)))
+
+
+def check_balanced(rule: str, slots: list[list[int]], experts: list[list[int]], homes: list[int], p2l: list[int],
+                   S: int, W: int, G: int, intra_cost: float, inter_cost: float) -> None:
+    """Raise AssertionError unless ``slots`` [n][K] is a valid, optimal choice of ``rule`` for one micro-batch and
+    layer (see the module docstring)."""
+    rep_gpus = {}  # expert -> its distinct GPUs in slot order, and its first slot on each
+    for p, e in enumerate(p2l):
+        if p // S not in rep_gpus.setdefault(e, {}):
+            rep_gpus[e][p // S] = p
+    options, pair_home, loads, cost = [], [], [0] * W, 0.0
+    last: dict[tuple[int, int], int] = {}  # group (home, expert) -> index of the last replica GPU used
+    for t, row in enumerate(experts):
+        for k, e in enumerate(row):
+            p = slots[t][k]
+            g = p // S
+            assert p2l[p] == e, f"slot {p} holds expert {p2l[p]}, not {e}"
+            assert rep_gpus[e][g] == p, f"slot {p} is not expert {e}'s first slot on GPU {g}"
+            order = list(rep_gpus[e])
+            assert order.index(g) >= last.get((homes[t], e), 0), "a group went back to an earlier replica GPU"
+            last[(homes[t], e)] = order.index(g)
+            options.append(order)
+            pair_home.append(homes[t])
+            loads[g] += 1
+            cost += locality_cost(homes[t], g, G, intra_cost, inter_cost)
+    if not options:
+        return
+    if rule == "balanced-local":
+        t_opt, c_opt = best_balance(options, pair_home, W, G, intra_cost, inter_cost)
+        assert abs(max(loads) + cost - (t_opt + c_opt)) < 1e-6, (max(loads), cost, t_opt, c_opt)
+    else:
+        t_opt, _ = best_balance(options, pair_home, W, G, 0.0, 0.0)
+        assert max(loads) == t_opt, (max(loads), t_opt)
+        _, c_opt = best_balance(options, pair_home, W, G, intra_cost, inter_cost, cap=t_opt)
+        assert abs(cost - c_opt) < 1e-6, (cost, c_opt)
 
 
 def per_gpu_sends(home: int, targets: list[int]) -> list[tuple[int, int]]:
@@ -226,8 +307,12 @@ def phase_summary(ph: dict) -> dict:
 
 def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_bytes: float,
                   combine_bytes: float, pair_seconds: float, decode_batch: int, prefill_tokens: int,
-                  mode: str = "auto", overlap: bool = False, expert_bytes: float | None = None) -> dict:
+                  mode: str = "auto", overlap: bool = False, expert_bytes: float | None = None,
+                  choose=None, intra_cost: float = 0.0, inter_cost: float = 0.0) -> dict:
     """Replay a per-token in-memory trace on a plan, one token, layer and expert at a time.
+
+    Balanced rules: ``choose(layer, homes [n], experts [n][K], rule)`` gives the slots [n][K] of one micro-batch
+    and layer, checked by :func:`check_balanced` with the locality costs ``intra_cost`` and ``inter_cost``.
 
     Returns {"prefill": phase, "decode": phase}; a phase is a dict with
     ``microbatches`` (sorted keys: int for prefill, (window, step) for decode), ``num_tokens``,
@@ -290,12 +375,22 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                 X = {m: [[0] * W for _ in range(W)] for m in MODES}
                 experts_on_gpu: list[set] = [set() for _ in range(W)]
                 pair_routes = []  # (home, serving GPU) of every pair
+                chosen = {}
+                if rule in BALANCED:
+                    mb_homes = [token_home[t] for t in rows]
+                    mb_experts = [[ids[t][layer][k] for k in range(K)] for t in rows]
+                    got = [[int(p) for p in row] for row in choose(layer, mb_homes, mb_experts, rule)]
+                    check_balanced(rule, got, mb_experts, mb_homes, p2l[layer], S, W, G, intra_cost, inter_cost)
+                    chosen = dict(zip(rows, got, strict=True))
                 for t in rows:
                     h = token_home[t]
                     targets = []
                     for k in range(K):
                         e = ids[t][layer][k]
-                        g = choose_slot(rule, tier[layer][e][h], h, pairs_on_gpu, S) // S
+                        if rule in BALANCED:
+                            g = chosen[t][k] // S
+                        else:
+                            g = choose_slot(rule, tier[layer][e][h], h, pairs_on_gpu, S) // S
                         pairs_on_gpu[g] += 1
                         experts_on_gpu[g].add(e)
                         pair_routes.append((h, g))

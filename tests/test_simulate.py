@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spec_compare import assert_matches_spec
+from spec_compare import assert_matches_spec, balanced_kwargs
 from spec_simulator import spec_simulate
 
 from moeplace.cli import main
@@ -46,7 +46,7 @@ def default_cost_spec(tr: Trace, plan: Plan, batching: BatchConfig, rule: str = 
     h = tr.meta.hidden_size
     return spec_simulate(tr, plan, rule=rule, hidden=h, dispatch_bytes=1, combine_bytes=2,
                          pair_seconds=6.0 * h * h / plan.cluster.expert_flops, decode_batch=batching.decode_batch,
-                         prefill_tokens=batching.prefill_tokens)
+                         prefill_tokens=batching.prefill_tokens, **balanced_kwargs(plan, rule))
 
 
 def one_token_trace(experts, L=1, E=4, hidden=4) -> Trace:

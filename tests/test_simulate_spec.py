@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from spec_compare import assert_matches_spec
+from spec_compare import assert_matches_spec, balanced_kwargs
 from spec_simulator import spec_simulate
 
 from moeplace.placement import Cluster, Placement, Plan
@@ -62,7 +62,7 @@ def spec_for(trace: Trace, plan: Plan, rule: str, batching: BatchConfig, cost: C
     return spec_simulate(trace, plan, rule=rule, hidden=cost.hidden_size or trace.meta.hidden_size,
                          dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes,
                          pair_seconds=cost.pair_flops / plan.cluster.expert_flops, decode_batch=batching.decode_batch,
-                         prefill_tokens=batching.prefill_tokens)
+                         prefill_tokens=batching.prefill_tokens, **balanced_kwargs(plan, rule))
 
 
 CLUSTERS = [(1, 4), (2, 2), (4, 2), (2, 4)]
@@ -166,7 +166,7 @@ def test_hand_computed_costs():
     tr = Trace(meta, req, tk)
     cost = CostConfig(dispatch_bytes=1, combine_bytes=2, pair_flops=6.0)
     b = BatchConfig(prefill_tokens=2)
-    for rule in RULES:
+    for rule in ("nearest-least-loaded", "nearest-static"):  # the balanced rules: tests/test_routing_rules.py
         res = simulate(tr, plan, cost=cost, batching=b, rule=rule)
         full_spec = spec_for(tr, plan, rule, b, cost)
         spec = full_spec["prefill"]

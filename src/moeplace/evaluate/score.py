@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from moeplace.evaluate.windows import Windows, held_out_homes, scoring_trace
 from moeplace.placement import Plan
-from moeplace.simulate import BatchConfig, CostConfig, simulate
+from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
 
 
 def sim_metrics(res_json: dict, base_bytes: float | None) -> dict:
@@ -33,12 +33,13 @@ def sim_metrics(res_json: dict, base_bytes: float | None) -> dict:
 
 
 def score_plan(plan: Plan, windows: Windows, cost: CostConfig | None = None,
-               batching: BatchConfig | None = None) -> dict:
-    """Simulate ``plan`` on the held-out window's scored rows (decode phase, the window's arrival order);
-    returns the decode PhaseResult JSON."""
+               batching: BatchConfig | None = None, rule: str = DEFAULT_RULE) -> dict:
+    """Simulate ``plan`` on the held-out window's scored rows (decode phase, the window's arrival order) with the
+    replica ``rule``; returns the decode PhaseResult JSON."""
     homes = held_out_homes(plan, windows.held, windows.held_signal)
     ev = Plan(plan.placement, plan.cluster, homes, plan.strategy)
-    return simulate(scoring_trace(windows.held, windows.held_signal), ev, cost=cost, batching=batching).decode.to_json()
+    return simulate(scoring_trace(windows.held, windows.held_signal), ev, cost=cost, batching=batching,
+                    rule=rule).decode.to_json()
 
 
 def planning_balance(plan: Plan, windows: Windows) -> float:

@@ -24,6 +24,7 @@ Example (EPLB's README): 2 layers x 12 experts, 16 slots, 4 groups, 2 nodes, 8 G
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from moeplace.placement import Cluster
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
@@ -73,6 +74,78 @@ def balanced_packing(weight: np.ndarray, num_packs: int, key: np.ndarray | None 
     if key is not None:
         _repair_duplicates(weight, key, pack, rank)
     return pack, rank
+
+
+@njit(cache=True)
+def _refine_rows(weight, key, pack, rank, num_packs):
+    """Swap local search on every row (see :func:`refine_packing`); pack, rank updated in place."""
+    X, n = weight.shape
+    nk = np.int64(0)
+    for x in range(X):
+        for i in range(n):
+            nk = max(nk, key[x, i] + 1)
+    for x in range(X):
+        pw = np.zeros(num_packs)
+        has = np.zeros((num_packs, nk), np.int64)
+        for i in range(n):
+            pw[pack[x, i]] += weight[x, i]
+            has[pack[x, i], key[x, i]] += 1
+        for _ in range(n * n):
+            top = pw.max()
+            moved = False
+            for p in range(num_packs):
+                if pw[p] < top:
+                    continue
+                best_i, best_j, best_v = -1, -1, pw[p] - 1e-12 * max(1.0, abs(pw[p]))
+                for i in range(n):
+                    if pack[x, i] != p:
+                        continue
+                    for j in range(n):
+                        q = pack[x, j]
+                        d = weight[x, i] - weight[x, j]
+                        if q == p or d <= 0:
+                            continue
+                        if key[x, i] != key[x, j] and (has[q, key[x, i]] > 0 or has[p, key[x, j]] > 0):
+                            continue  # the swap would put two replicas of one expert on one GPU
+                        v = max(pw[p] - d, pw[q] + d)
+                        if v < best_v:
+                            best_i, best_j, best_v = i, j, v
+                if best_i >= 0:
+                    i, j = best_i, best_j
+                    q = pack[x, j]
+                    d = weight[x, i] - weight[x, j]
+                    pw[p] -= d
+                    pw[q] += d
+                    has[p, key[x, i]] -= 1
+                    has[q, key[x, i]] += 1
+                    has[q, key[x, j]] -= 1
+                    has[p, key[x, j]] += 1
+                    pack[x, i], pack[x, j] = q, p
+                    rank[x, i], rank[x, j] = rank[x, j], rank[x, i]
+                    moved = True
+                    break
+            if not moved:
+                break
+
+
+def refine_packing(weight: np.ndarray, pack: np.ndarray, rank: np.ndarray, num_packs: int,
+                   key: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Lower the heaviest pack of a balanced packing by swapping items between packs (a local search).
+
+    weight: float [X, n]; pack, rank: int [X, n] from :func:`balanced_packing`; key: optional int [X, n], items
+    with equal key never share a pack (twin-free; kept by every swap). Returns new (pack, rank): pack sizes are
+    unchanged. Each step takes a heaviest pack p (lowest index first) and the swap of one of its items with a
+    lighter item of another pack q that minimises max(new weight of p, new weight of q), if that is below p's
+    weight (ties: lowest item indices); it stops when no heaviest pack has such a swap. A step never raises any
+    pack above the old maximum, so the max pack weight never rises: the result is never worse than its input.
+    """
+    w = np.ascontiguousarray(weight, np.float64)
+    X, n = w.shape
+    k = np.broadcast_to(np.arange(n), (X, n)) if key is None else np.asarray(key, np.int64)
+    pk, rk = np.array(pack, np.int64), np.array(rank, np.int64)
+    if n and num_packs > 1:
+        _refine_rows(w, np.ascontiguousarray(k, np.int64), pk, rk, int(num_packs))
+    return pk, rk
 
 
 def _repair_duplicates(weight: np.ndarray, key: np.ndarray, pack: np.ndarray, rank: np.ndarray) -> None:
@@ -143,11 +216,12 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
 
 
 def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
-                           num_gpus: int) -> np.ndarray:
+                           num_gpus: int, refine: bool = True) -> np.ndarray:
     """EPLB's hierarchical policy. load: float [L, E]. Returns phy2log int [L, P] (P = num_slots).
 
     Expert groups (``num_groups`` contiguous blocks of E / num_groups experts) are packed onto nodes, experts are
-    replicated inside each node, and each node's physical experts are packed onto its GPUs.
+    replicated inside each node, and each node's physical experts are packed onto its GPUs; ``refine`` follows
+    that last, greedy packing with :func:`refine_packing` (never a heavier GPU; off: EPLB's answer exactly).
     """
     load = np.asarray(load, np.float64)
     L, E = load.shape
@@ -171,6 +245,8 @@ def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, nu
     # 3. pack each node's physical experts onto its G GPUs
     w_phy = np.take_along_axis(w_m / mcnt, phy2m, axis=1)
     pack, rank = balanced_packing(w_phy, G, key=phy2m)
+    if refine:
+        pack, rank = refine_packing(w_phy, pack, rank, G, key=phy2m)
     pos = pack * S + rank  # slot inside the node of each physical expert
     slot2m = np.empty_like(phy2m)
     np.put_along_axis(slot2m, pos, phy2m, axis=1)
@@ -178,18 +254,20 @@ def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, nu
     return np.take_along_axis(m2log, slot2m, axis=1)
 
 
-def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int, num_gpus: int) -> np.ndarray:
+def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int, num_gpus: int,
+              refine: bool = True) -> np.ndarray:
     """EPLB entry point: hierarchical policy when ``num_groups % num_nodes == 0``, else the global policy.
 
     load: float [L, E] per-expert load; returns phy2log int [L, P] with P = num_slots (a multiple of num_gpus).
+    refine: swap local search after the greedy GPU packing (:func:`refine_packing`; never worse).
     """
     load = np.asarray(load, np.float64)
     if load.ndim != 2:
         raise ValueError(f"load: expected shape [L, E], got {load.shape}")
     E = load.shape[1]
     if num_groups >= 1 and num_groups % num_nodes == 0 and E % num_groups == 0:
-        return rebalance_hierarchical(load, num_slots, num_groups, num_nodes, num_gpus)
-    return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus)
+        return rebalance_hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, refine)
+    return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus, refine)
 
 
 def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1, **_: object

@@ -1,7 +1,7 @@
 """The simulator as a package: one definition of routing, shared micro-batching, the time model, result types.
 
-- :mod:`~moeplace.simulate.routing`: replica choice (both rules), the serve table, per-token sends under per-GPU
-  and per-node dedup, the link-class split, balancedness. Planners and the runtime call it too.
+- :mod:`~moeplace.simulate.routing`: replica choice (nearest and balanced rules), the serve table, per-token sends
+  under per-GPU and per-node dedup, the link-class split, balancedness. Planners and the runtime call it too.
 - :mod:`~moeplace.simulate.batching`: how requests become micro-batches (arrival order stated).
 - :mod:`~moeplace.simulate.cost`: time of a micro-batch (dispatch/combine on the busiest link, padding, compute).
 - :mod:`~moeplace.simulate.kernels`: the compiled loops behind routing.
@@ -13,9 +13,11 @@ from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microb
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.result import PhaseResult, SimResult
 from moeplace.simulate.routing import (
+    BALANCED_RULES,
     DEDUP_MODES,
     DEFAULT_RULE,
     RULES,
+    ReplicaCosts,
     RouteTables,
     assign_slots,
     balancedness,
@@ -28,6 +30,7 @@ from moeplace.simulate.simulator import simulate
 
 PHASE_NAMES = ("prefill", "decode")
 
-__all__ = ["DEDUP_MODES", "DEFAULT_RULE", "PHASE_NAMES", "RULES", "BatchConfig", "CostConfig", "Layout",
-           "PhaseResult", "RouteTables", "SimResult", "assign_slots", "balancedness", "build_route_tables",
-           "build_layout", "link_counts", "microbatch_ids", "rows_of", "simulate", "token_sends", "two_hop_matrix"]
+__all__ = ["BALANCED_RULES", "DEDUP_MODES", "DEFAULT_RULE", "PHASE_NAMES", "RULES", "BatchConfig", "CostConfig",
+           "Layout", "PhaseResult", "ReplicaCosts", "RouteTables", "SimResult", "assign_slots", "balancedness",
+           "build_route_tables", "build_layout", "link_counts", "microbatch_ids", "rows_of", "simulate",
+           "token_sends", "two_hop_matrix"]

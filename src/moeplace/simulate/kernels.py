@@ -164,14 +164,16 @@ def counts_and_clear(X, node, G, tot, out, col, own):
 
 
 @njit(cache=True, nogil=True)
-def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G, loads, cpg, cth, tot_pg, tot_b,
-                      local, nlocal, act, cpp, l0, l1):
+def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, pick, node, G, loads, cpg, cth, tot_pg,
+                      tot_b, local, nlocal, act, cpp, l0, l1):
     """Route complete micro-batches in layers [l0, l1) and reduce each to its per-layer counts.
 
     ids: int16 [T, L, K]; rows: int64 [n] rows of ids grouped by micro-batch (trace order inside), micro-batch b
     being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows. serve: int16 [L*E*W] GPU of
     each (layer, expert, home), -1 where least-loaded must choose; node: int64 [W] node of each GPU (a table: a
-    64-bit division costs more than the rest of a pair).
+    64-bit division costs more than the rest of a pair). pick: int16 [n, L, K] the serving GPU of every pair,
+    chosen beforehand per micro-batch (the balanced rules, :func:`balance_kernel`), or [0, L, K] to choose here
+    from ``serve`` (the nearest rules).
 
     Each token-layer: K replica choices, load per GPU, one send per distinct target GPU into the per-GPU dedup
     matrix M [W, W] (home, target), one send per distinct remote node into B [W, N_n]. Tokens go in blocks, layer by
@@ -193,6 +195,7 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
     W = node.shape[0]
     Nn = node[W - 1] + 1
     LK = L * K
+    npick = pick.shape[0] > 0
     flat = ids.reshape(-1)
     lf = loads.reshape(-1)
     M = np.zeros((l1 - l0, W, W), np.int32)
@@ -230,9 +233,13 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
                         e = np.int64(flat[ib + k])
                         if e < 0 or e >= E:
                             return rows[t]
-                        g = np.int64(serve[rb + e * W + h])
-                        if g < 0:
-                            g = cand_gpu[layer, e, least_loaded(cand_gpu, cand_ok, layer, e, rb + e * W + h, lf, lb)]
+                        if npick:
+                            g = np.int64(pick[t, layer, k])
+                        else:
+                            g = np.int64(serve[rb + e * W + h])
+                            if g < 0:
+                                g = cand_gpu[layer, e, least_loaded(cand_gpu, cand_ok, layer, e, rb + e * W + h, lf,
+                                                                    lb)]
                         lf[lb + g] += 1
                         nd = node[g]
                         loc += g == h
@@ -280,6 +287,236 @@ def microbatch_kernel(ids, rows, home, starts, serve, cand_gpu, cand_ok, node, G
                 cpp[b, layer, c] = tot
                 cpp[b, layer, 2 + c] = busy
             ppl[:] = 0
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def distinct_kernel(cand_slot, cand_gpu, rep_gpu, rep_slot, rep_n):
+    """The distinct GPUs holding each (layer, expert), in slot order: rep_gpu [L, E, M] (-1 padded), rep_slot
+    [L, E, M] the expert's first slot on that GPU, rep_n [L, E] how many. cand_slot, cand_gpu: [L, E, M]."""
+    L, E, M = cand_slot.shape
+    for layer in range(L):
+        for e in range(E):
+            n = 0
+            for m in range(M):
+                if cand_slot[layer, e, m] < 0:
+                    continue
+                g = cand_gpu[layer, e, m]
+                new = True
+                for i in range(n):
+                    new &= rep_gpu[layer, e, i] != g
+                if new:
+                    rep_gpu[layer, e, n] = g
+                    rep_slot[layer, e, n] = cand_slot[layer, e, m]
+                    n += 1
+            rep_n[layer, e] = n
+
+
+@njit(cache=True, nogil=True)
+def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2):
+    """Successive shortest paths: move pairs between replicas until no GPU holds more than ``cap`` pairs, at the
+    least added locality cost. x [J, M] pairs of group j on its m-th replica GPU, ld [W] loads (both updated).
+    Returns the added cost, or -1 when no move can bring every GPU under ``cap`` (x and ld are then partly moved:
+    the caller restores them). dist, pj, pm, pm2: int64 [W] scratch.
+
+    Each step takes the lowest GPU a above cap, finds by Bellman-Ford the cheapest chain of moves (a pair of
+    group j from GPU u to another replica GPU v costs cc[home_j, v] - cc[home_j, u]) from a to a GPU below cap
+    (the cheapest, ties to the lowest GPU; relaxations in group then replica order, strict improvements only), and
+    moves as many pairs along it as every link allows. The start (each group on its cheapest replica) and every
+    step keep the residual graph free of negative cycles, so each cap's result has the least cost (the
+    successive-shortest-path algorithm of min-cost flow; Ahuja, Magnanti and Orlin, ch. 9).
+    """
+    W = ld.shape[0]
+    big = np.int64(1) << 62
+    added = np.int64(0)
+    while True:
+        a = -1
+        for g in range(W):
+            if ld[g] > cap:
+                a = g
+                break
+        if a < 0:
+            return added
+        for g in range(W):
+            dist[g] = big
+            pj[g] = -1
+        dist[a] = 0
+        for _ in range(W):
+            changed = False
+            for j in range(J):
+                h = gh[j]
+                e = ge[j]
+                nr = rep_n[layer, e]
+                for m in range(nr):
+                    u = rep_gpu[layer, e, m]
+                    if x[j, m] == 0 or dist[u] == big:
+                        continue
+                    du = dist[u] - cc[h, u]
+                    for m2 in range(nr):
+                        if m2 == m:
+                            continue
+                        v = rep_gpu[layer, e, m2]
+                        nv = du + cc[h, v]
+                        if nv < dist[v]:
+                            dist[v] = nv
+                            pj[v] = j
+                            pm[v] = m
+                            pm2[v] = m2
+                            changed = True
+            if not changed:
+                break
+        b = -1
+        for g in range(W):
+            if ld[g] < cap and dist[g] < big and (b < 0 or dist[g] < dist[b]):
+                b = g
+        if b < 0:
+            return -1
+        d = min(ld[a] - cap, cap - ld[b])
+        v = b
+        for _ in range(W):
+            if v == a:
+                break
+            j = pj[v]
+            d = min(d, x[j, pm[v]])
+            v = rep_gpu[layer, ge[j], pm[v]]
+        v = b
+        for _ in range(W):
+            if v == a:
+                break
+            j = pj[v]
+            x[j, pm[v]] -= d
+            x[j, pm2[v]] += d
+            v = rep_gpu[layer, ge[j], pm[v]]
+        added += d * dist[b]
+        ld[a] -= d
+        ld[b] += d
+
+
+@njit(cache=True, nogil=True)
+def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, pick, l0, l1):
+    """The balanced replica rules: the serving GPU of every pair of complete micro-batches in layers [l0, l1).
+
+    ids: int16 [T, L, K]; rows, home, starts: as :func:`microbatch_kernel`. rep_gpu [L, E, M], rep_n [L, E]: the
+    distinct GPUs of each expert (:func:`distinct_kernel`). cc: int64 [W, W] locality cost of a pair homed on h and
+    served on g, in 1/``unit`` of a pair; lexi: ignore cc except among assignments of least max load (``unit``
+    becomes larger than any total locality cost). base: int64 [W] pairs already on each GPU. Writes pick int16
+    [n, L, K] (GPU of each pair, rows in micro-batch order). Returns -1, or a row whose expert id is out of range.
+
+    Per micro-batch and layer: pairs of experts with one GPU are fixed; the others form groups (home, expert), in
+    order of first appearance. Each group starts on its cheapest replica GPU (ties: slot order); then the cap on
+    every GPU's load goes down one pair at a time (:func:`reduce_cap`) while a step adds at most ``unit`` of
+    locality cost (objective max load x unit + cost, convex in the cap, so the first worse step ends the search;
+    equal objective: the lower cap). Pairs of a group then fill its replica GPUs in slot order, in token order.
+    """
+    L, K = ids.shape[1], ids.shape[2]
+    E = rep_gpu.shape[1]
+    M = rep_gpu.shape[2]
+    W = cc.shape[0]
+    LK = L * K
+    flat = ids.reshape(-1)
+    gid = np.full((W, E), -1, np.int64)
+    nmax = W * E
+    gh = np.zeros(nmax, np.int64)
+    ge = np.zeros(nmax, np.int64)
+    gn = np.zeros(nmax, np.int64)
+    x = np.zeros((nmax, M), np.int64)
+    xs = np.zeros((nmax, M), np.int64)
+    used = np.zeros((nmax, M), np.int64)
+    ld = np.zeros(W, np.int64)
+    lds = np.zeros(W, np.int64)
+    dist = np.zeros(W, np.int64)
+    pj = np.zeros(W, np.int64)
+    pm = np.zeros(W, np.int64)
+    pm2 = np.zeros(W, np.int64)
+    ccmax = np.int64(0)
+    for h in range(W):
+        for g in range(W):
+            ccmax = max(ccmax, cc[h, g])
+    for b in range(starts.shape[0] - 1):
+        s0, s1 = starts[b], starts[b + 1]
+        for layer in range(l0, l1):
+            J = 0
+            fixed_max = np.int64(0)
+            for g in range(W):
+                ld[g] = base[g]
+            for t in range(s0, s1):
+                h = home[t]
+                ib = rows[t] * LK + layer * K
+                for k in range(K):
+                    e = np.int64(flat[ib + k])
+                    if e < 0 or e >= E:
+                        return rows[t]
+                    if rep_n[layer, e] == 1:
+                        g = rep_gpu[layer, e, 0]
+                        ld[g] += 1
+                        pick[t, layer, k] = g
+                        continue
+                    j = gid[h, e]
+                    if j < 0:
+                        j = J
+                        J += 1
+                        gid[h, e] = j
+                        gh[j] = h
+                        ge[j] = e
+                        gn[j] = 0
+                    gn[j] += 1
+            for g in range(W):
+                fixed_max = max(fixed_max, ld[g])
+            npairs = np.int64(0)
+            for j in range(J):
+                h = gh[j]
+                e = ge[j]
+                best = 0
+                for m in range(M):
+                    x[j, m] = 0
+                    used[j, m] = 0
+                for m in range(1, rep_n[layer, e]):
+                    if cc[h, rep_gpu[layer, e, m]] < cc[h, rep_gpu[layer, e, best]]:
+                        best = m
+                x[j, best] = gn[j]
+                ld[rep_gpu[layer, e, best]] += gn[j]
+                npairs += gn[j]
+            u = unit
+            if lexi:
+                u = npairs * ccmax + 1
+            cap = np.int64(0)
+            total = np.int64(0)
+            for g in range(W):
+                cap = max(cap, ld[g])
+                total += ld[g]
+            while J > 0:
+                nc = cap - 1
+                if nc < fixed_max or nc * W < total:
+                    break
+                for j in range(J):
+                    for m in range(M):
+                        xs[j, m] = x[j, m]
+                for g in range(W):
+                    lds[g] = ld[g]
+                added = reduce_cap(nc, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2)
+                if added < 0 or added > u:
+                    for j in range(J):
+                        for m in range(M):
+                            x[j, m] = xs[j, m]
+                    for g in range(W):
+                        ld[g] = lds[g]
+                    break
+                cap = nc
+            for t in range(s0, s1):
+                h = home[t]
+                ib = rows[t] * LK + layer * K
+                for k in range(K):
+                    e = np.int64(flat[ib + k])
+                    if rep_n[layer, e] == 1:
+                        continue
+                    j = gid[h, e]
+                    m = 0
+                    while used[j, m] == x[j, m]:
+                        m += 1
+                    used[j, m] += 1
+                    pick[t, layer, k] = rep_gpu[layer, e, m]
+            for j in range(J):
+                gid[gh[j], ge[j]] = -1
     return -1
 
 

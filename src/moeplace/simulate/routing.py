@@ -14,6 +14,17 @@ home GPU if any, else those on the home node, else all of them.
 - ``nearest-static`` (like SGLang's static dispatch): within the nearest tier, candidate number
   ``home % tier_size`` in slot order. It depends only on (layer, expert, home): the *serve table*.
 
+- ``balanced-local``: per micro-batch and layer, every pair goes to one replica of its expert (any GPU holding it)
+  so as to minimise ``max_g load_g + sum over pairs of locality cost``: a pair served on its token's home GPU costs
+  0, elsewhere on the home node ``intra_cost``, on another node ``inter_cost`` (:class:`ReplicaCosts`, in pairs;
+  load counts every pair, single-replica ones and ``base_load`` too). Solved exactly over groups (home, expert):
+  a min-cost flow per cap on the load, the cap lowered one pair at a time while that adds at most one pair of
+  locality cost (the objective is convex in the cap; equal objectives take the lower cap). Pairs of a group fill
+  its replica GPUs in slot order, in token order then k order; a GPU holding two slots of the expert serves from
+  the first. :func:`moeplace.simulate.kernels.balance_kernel` states the tie-breaks.
+- ``balanced``: the least max load alone (like SGLang's LP load balancer, which ignores locality); among
+  assignments with that max load, the least locality cost by the same costs (a tie-break only).
+
 Sends. A token's hidden vector goes once to every GPU other than its home that serves one of its experts
 (per-GPU dedup), or once per remote node (two-hop, then NVLink forwarding); a send is intra-node when both GPUs
 share a node, else inter-node.
@@ -28,8 +39,10 @@ import numpy as np
 from moeplace.placement import log2phy_table
 from moeplace.simulate import kernels
 
-RULES = ("nearest-least-loaded", "nearest-static")
+RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced")
+BALANCED_RULES = ("balanced-local", "balanced")  # chosen per micro-batch by :func:`balanced_gpus`
 DEFAULT_RULE = "nearest-least-loaded"
+COST_UNIT = 10**6  # locality costs are taken to 1e-6 of a pair (integer arithmetic keeps the solver exact)
 DEDUP_MODES = ("per_gpu", "two_hop")
 # last axis of :func:`link_counts`
 COUNT_NAMES = ("intra_gpu_sends", "intra_node_sends", "inter_node_sends", "max_message_sends", "busiest_intra",
@@ -43,6 +56,33 @@ def check_rule(rule: str) -> str:
     if rule not in RULES:
         raise ValueError(f"replica rule {rule!r}: expected one of {RULES}")
     return rule
+
+
+@dataclass(frozen=True)
+class ReplicaCosts:
+    """Locality costs of the ``balanced-local`` rule, in token-expert pairs of load on the busiest GPU.
+
+    Defaults: one pair of compute is ~0.2 us at DeepSeek-V3 shape (88 MFLOP at 400 TFLOP/s); one inter-node send
+    of a 7168-wide vector out (fp8) and back (bf16) is ~0.4 us at 50 GB/s, but it lands on one of W links, so it
+    adds ~1/W of that to the busiest one: about 0.25 of a pair at W = 8. NVLink is ~10-20x faster: 0.02.
+    """
+
+    intra_cost: float = 0.02  # a pair served on another GPU of its home node
+    inter_cost: float = 0.25  # a pair served on another node
+
+    def __post_init__(self) -> None:
+        for name in ("intra_cost", "inter_cost"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 <= v < 1e6:
+                raise ValueError(f"replica costs: {name} must be a number in [0, 1e6), got {v!r}")
+
+    def matrix(self, node_of_gpu: np.ndarray) -> np.ndarray:
+        """int64 [W, W]: cost of a pair homed on h served on g, in 1/COST_UNIT of a pair."""
+        nog = np.asarray(node_of_gpu, np.int64)
+        same = nog[:, None] == nog[None, :]
+        c = np.where(same, round(self.intra_cost * COST_UNIT), round(self.inter_cost * COST_UNIT)).astype(np.int64)
+        np.fill_diagonal(c, 0)
+        return c
 
 
 @dataclass(frozen=True)
@@ -62,6 +102,10 @@ class RouteTables:
     serve_slot: np.ndarray  # int64 [L*E*W]: the nearest-static choice (flat index (l*E + e)*W + h)
     serve_gpu: np.ndarray  # int16 [L*E*W]: GPU of serve_slot
     ambiguous: np.ndarray  # bool [L*E*W]: nearest tier holds >= 2 candidates (least-loaded must choose)
+    node_of_gpu: np.ndarray  # int64 [W]
+    rep_gpu: np.ndarray  # int64 [L, E, M]: distinct GPUs holding each expert, in slot order, -1 padded
+    rep_slot: np.ndarray  # int64 [L, E, M]: the expert's first slot on each of them
+    rep_n: np.ndarray  # int64 [L, E]: how many distinct GPUs
 
     @property
     def num_layers(self) -> int:
@@ -73,7 +117,8 @@ class RouteTables:
         return self.serve_gpu.reshape(-1, E, W)[layer].T.astype(np.int64)
 
     def kernel_serve(self, rule: str) -> np.ndarray:
-        """int16 [L*E*W]: the serving GPU of each (layer, expert, home), -1 where ``rule`` chooses per pair."""
+        """int16 [L*E*W]: the serving GPU of each (layer, expert, home), -1 where ``rule`` chooses per pair (the
+        balanced rules choose before the kernel: :func:`balanced_gpus`; their table is unused)."""
         if check_rule(rule) == "nearest-least-loaded":
             return np.where(self.ambiguous, np.int16(-1), self.serve_gpu).astype(np.int16)
         return self.serve_gpu
@@ -107,6 +152,10 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
     static = np.zeros((L, E, W), np.int64)
     nbest = np.zeros((L, E, W), np.int64)
     kernels.tier_kernel(cand, cgpu, nog, ok, static, nbest)
+    rep_gpu = np.full((L, E, M), -1, np.int64)
+    rep_slot = np.full((L, E, M), -1, np.int64)
+    rep_n = np.zeros((L, E), np.int64)
+    kernels.distinct_kernel(cand, cgpu, rep_gpu, rep_slot, rep_n)
     return RouteTables(
         num_experts=E,
         num_gpus=W,
@@ -117,7 +166,35 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
         serve_slot=static.reshape(-1),
         serve_gpu=sg[static].reshape(-1).astype(np.int16),
         ambiguous=(nbest >= 2).reshape(-1),
+        node_of_gpu=nog,
+        rep_gpu=rep_gpu,
+        rep_slot=rep_slot,
+        rep_n=rep_n,
     )
+
+
+def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray, tab: RouteTables,
+                  rule: str, costs: ReplicaCosts | None = None, base_load: np.ndarray | None = None) -> np.ndarray:
+    """int16 [n, L, K]: the serving GPU of every pair under a balanced rule (see the module docstring).
+
+    ids: int16 [T, L, K] routing; rows: int64 [n] rows of ids grouped by micro-batch (token order inside),
+    micro-batch b being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows; base_load:
+    optional int [W] pairs already on each GPU (every micro-batch and layer). Layers run in parallel threads.
+    """
+    if check_rule(rule) not in BALANCED_RULES:
+        raise ValueError(f"balanced_gpus: rule {rule!r} is not one of {BALANCED_RULES}")
+    ids = np.ascontiguousarray(ids, np.int16)
+    L, K = ids.shape[1], ids.shape[2]
+    W = tab.num_gpus
+    cc = (costs or ReplicaCosts()).matrix(tab.node_of_gpu)
+    base = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
+    pick = np.zeros((len(rows), L, K), np.int16)
+    bad = kernels.by_layers(kernels.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
+                            np.ascontiguousarray(home, np.int64), np.ascontiguousarray(starts, np.int64),
+                            tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule == "balanced", base, pick)
+    if max(bad) >= 0:
+        raise ValueError(f"a token row has an expert id out of range [0, {tab.num_experts})")
+    return pick
 
 
 def serve_column(replica_gpus: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarray:
@@ -140,13 +217,15 @@ def serve_column(replica_gpus: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarra
 
 
 def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.ndarray, home: np.ndarray,
-                 experts: np.ndarray, rule: str = DEFAULT_RULE, base_load: np.ndarray | None = None) -> np.ndarray:
+                 experts: np.ndarray, rule: str = DEFAULT_RULE, base_load: np.ndarray | None = None,
+                 costs: ReplicaCosts | None = None) -> np.ndarray:
     """Choose the physical slot that serves each token-expert pair of one micro-batch in one layer.
 
     phy2log_l: int [P] logical expert of each slot; slot_gpu: int [P] GPU of each slot; node_of_gpu: int [W];
     home: int [T] home GPU of each token; experts: int [T, K] router choices; base_load: optional int [W] pairs
-    already assigned to each GPU in this micro-batch and layer (a micro-batch routed in several calls).
-    Returns int64 [T, K] slots, by ``rule`` (see the module docstring).
+    already assigned to each GPU in this micro-batch and layer (a micro-batch routed in several calls; the
+    balanced rules see it as fixed load, so for them two calls are not one); costs: the balanced-local rule's
+    locality costs (default :class:`ReplicaCosts`). Returns int64 [T, K] slots, by ``rule`` (module docstring).
     """
     check_rule(rule)
     p2l = np.asarray(phy2log_l, np.int64)
@@ -165,6 +244,12 @@ def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.nd
     if ex.size and (ex.min() < 0 or ex.max() >= E):
         raise ValueError(f"experts: expert id out of range [0, {E})")
     load = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
+    if rule in BALANCED_RULES:
+        T = ex.shape[0]
+        gpu = balanced_gpus(ex.astype(np.int16)[:, None, :], np.arange(T), h, np.array([0, T]), tab, rule, costs,
+                            load)[:, 0, :].astype(np.int64)
+        return tab.rep_slot[0][ex, np.argmax(tab.rep_gpu[0][ex] == gpu[:, :, None], axis=-1)] if T else \
+            np.zeros(ex.shape, np.int64)
     return kernels.assign_kernel(np.ascontiguousarray(ex, np.int64), np.ascontiguousarray(h), tab.kernel_serve(rule),
                                  tab.serve_slot, tab.cand_slot, tab.cand_gpu, tab.cand_ok, tab.slot_gpu, W, load)
 

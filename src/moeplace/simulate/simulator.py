@@ -30,9 +30,12 @@ from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microb
 from moeplace.simulate.cost import CostConfig, TimeTerms, microbatch_metrics, pair_flops_of, time_terms
 from moeplace.simulate.result import PhaseResult, SimResult
 from moeplace.simulate.routing import (
+    BALANCED_RULES,
     DEDUP_MODES,
     DEFAULT_RULE,
+    ReplicaCosts,
     RouteTables,
+    balanced_gpus,
     build_route_tables,
     check_rule,
     two_hop_matrix,
@@ -69,6 +72,14 @@ class _Ctx:
     terms: TimeTerms  # the kernel time model's constants (moeplace.simulate.cost.time_terms)
     serve: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
     node: np.ndarray | None = None  # int64 [W] node of each GPU
+    replica_costs: ReplicaCosts | None = None  # locality costs of the balanced-local rule (None: defaults)
+
+    def pick(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """int16 [n, L, K] serving GPU of each pair under a balanced rule, else an empty [0, L, K] (the kernel
+        then chooses by the serve table). Arguments as :func:`moeplace.simulate.routing.balanced_gpus`."""
+        if self.rule in BALANCED_RULES:
+            return balanced_gpus(ids, rows, home, starts, self.tab, self.rule, self.replica_costs)
+        return np.zeros((0, ids.shape[1], ids.shape[2]), np.int16)
 
     def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray, active: np.ndarray,
                 pair_counts: np.ndarray, phase: str) -> dict[str, np.ndarray]:
@@ -90,7 +101,8 @@ class _Ctx:
 
 
 def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost: CostConfig | None,
-              batching: BatchConfig | None, rule: str, num_redundant: int) -> _Ctx:
+              batching: BatchConfig | None, rule: str, num_redundant: int,
+              replica_costs: ReplicaCosts | None = None) -> _Ctx:
     check_rule(rule)
     if meta.kind != "tokens":
         raise ValueError("simulate needs a per-token trace, but this trace is counts-only (kind='counts')")
@@ -121,7 +133,7 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
     return _Ctx(meta, pl, cluster, tab, rule, int(hidden), hidden * cost.dispatch_bytes, hidden * cost.combine_bytes,
                 pair_flops / cluster.expert_flops, cost, batching, plan, time_terms(cost, int(hidden), meta.model),
                 tab.kernel_serve(rule),
-                np.arange(W, dtype=np.int64) // cluster.gpus_per_node)
+                np.arange(W, dtype=np.int64) // cluster.gpus_per_node, replica_costs)
 
 
 
@@ -205,9 +217,12 @@ class _PhaseAcc:
         pair_counts = np.zeros((nb, L, 4), np.int64)  # sends without dedup (DeepEP low-latency)
         if self.node_sends is None:
             self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
-        bad = kernels.by_layers(kernels.microbatch_kernel, L, np.ascontiguousarray(ids, np.int16),
-                                np.ascontiguousarray(rows[order]), np.ascontiguousarray(home[order], np.int64),
-                                starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, ctx.node, ctx.G, loads,
+        ids = np.ascontiguousarray(ids, np.int16)
+        rows_o = np.ascontiguousarray(rows[order], np.int64)
+        home_o = np.ascontiguousarray(home[order], np.int64)
+        pick = ctx.pick(ids, rows_o, home_o, starts)
+        bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows_o, home_o,
+                                starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
                                 counts["per_gpu"], counts["two_hop"],
                                 self.sends["per_gpu"], self.node_sends, self.local, self.node_local,
                                 active, pair_counts)
@@ -273,14 +288,16 @@ def _result(ctx: _Ctx, accs: dict[int, _PhaseAcc]) -> SimResult:
 
 def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, cost: CostConfig | None = None,
              batching: BatchConfig | None = None, rule: str = DEFAULT_RULE, num_redundant: int = 0,
-             chunk_tokens: int = 16384, progress: bool = False) -> SimResult:
+             chunk_tokens: int = 16384, progress: bool = False, replica_costs: ReplicaCosts | None = None
+             ) -> SimResult:
     """Replay a per-token trace on a plan; vectorised and streaming (memory bounded by open micro-batches).
 
     trace: a trace directory or an in-memory :class:`Trace`. plan: placement + homes; None -> linear placement
     with ``num_redundant`` redundant slots on ``cluster`` and round-robin homes in request-table order.
+    replica_costs: locality costs of the ``balanced-local`` rule (None: :class:`ReplicaCosts` defaults).
     """
     meta, requests, source = _open_source(trace)
-    ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant)
+    ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant, replica_costs)
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     lay = build_layout(source, requests, ctx.plan.home_of(requests.request_id), ctx.batching)
@@ -309,7 +326,7 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
 
 
 def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phy2log: np.ndarray,
-               cluster: Cluster, rule: str = DEFAULT_RULE) -> np.ndarray:
+               cluster: Cluster, rule: str = DEFAULT_RULE, replica_costs: ReplicaCosts | None = None) -> np.ndarray:
     """int64 [L, W]: pairs each GPU computes when token rows are routed micro-batch by micro-batch by ``rule``.
 
     expert_ids: int [T, L, K]; home: int [T] home GPU; microbatch: int [T] micro-batch of each row (rows of one
@@ -332,9 +349,12 @@ def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray,
     loads = np.zeros((nb, L, W), np.int64)
     counts = np.zeros((nb, L, 6), np.int64)
     node = np.arange(W, dtype=np.int64) // cluster.gpus_per_node
-    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, order.astype(np.int64),
-                            np.ascontiguousarray(np.asarray(home, np.int64)[order]), starts, tab.kernel_serve(rule),
-                            tab.cand_gpu, tab.cand_ok, node, cluster.gpus_per_node, loads, counts, counts.copy(),
+    rows = order.astype(np.int64)
+    hm = np.ascontiguousarray(np.asarray(home, np.int64)[order])
+    pick = balanced_gpus(ids, rows, hm, starts, tab, rule, replica_costs) if rule in BALANCED_RULES else \
+        np.zeros((0, L, ids.shape[2]), np.int16)
+    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows, hm, starts, tab.kernel_serve(rule),
+                            tab.cand_gpu, tab.cand_ok, pick, node, cluster.gpus_per_node, loads, counts, counts.copy(),
                             np.zeros((L, W, W), np.int64), np.zeros((L, W, cluster.num_nodes), np.int64),
                             np.zeros(L, np.int64), np.zeros(L, np.int64), np.zeros_like(loads),
                             np.zeros((nb, L, 4), np.int64))

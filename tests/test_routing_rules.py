@@ -1,0 +1,183 @@
+"""The balanced replica rules (``balanced-local``, ``balanced``): hand cases, brute-force optimality on tiny random
+micro-batches, one definition shared by simulate / route_load / assign_slots, and speed on the bundled trace.
+
+The loop-by-loop spec (tests/spec_simulator.py, MILP per micro-batch) is held against ``simulate`` for every rule
+in tests/test_simulate_spec.py; here the optimum comes from plain enumeration, a third, independent definition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moeplace.placement import Cluster, Placement, Plan
+from moeplace.plan import make_plan
+from moeplace.plan.base import workload_from_tokens
+from moeplace.simulate import BALANCED_RULES, ReplicaCosts, assign_slots, simulate
+from moeplace.simulate.simulator import route_load
+from moeplace.trace.store import read_trace
+
+BUNDLED = Path(__file__).resolve().parents[1] / "src" / "moeplace" / "data" / "reference-default.trace"
+
+
+def objective(slots: np.ndarray, experts: np.ndarray, home: np.ndarray, slot_gpu: np.ndarray, node: np.ndarray,
+              costs: ReplicaCosts) -> tuple[int, float]:
+    """(max load, locality cost) of an assignment: slots [T, K] of pairs homed on home [T]."""
+    g = slot_gpu[slots]
+    load = np.bincount(g.ravel(), minlength=len(node))
+    h = np.broadcast_to(home[:, None], g.shape)
+    c = np.where(g == h, 0.0, np.where(node[g] == node[h], costs.intra_cost, costs.inter_cost))
+    return int(load.max()), float(c.sum())
+
+
+def brute_force(p2l: np.ndarray, slot_gpu: np.ndarray, node: np.ndarray, home: np.ndarray, experts: np.ndarray,
+                costs: ReplicaCosts, base: np.ndarray) -> tuple[float, tuple[int, float]]:
+    """(best max load + locality cost, lexicographic best (max load, locality cost)) over every assignment;
+    base: int [W] load already on each GPU."""
+    T, K = experts.shape
+    options = [sorted({int(slot_gpu[p]) for p in np.flatnonzero(p2l == e)}) for e in experts.ravel()]
+    best, lexi = np.inf, (10**9, np.inf)
+    for gs in itertools.product(*options):
+        g = np.array(gs).reshape(T, K)
+        load = np.bincount(g.ravel(), minlength=len(node)) + base
+        h = np.broadcast_to(home[:, None], g.shape)
+        c = float(np.where(g == h, 0.0, np.where(node[g] == node[h], costs.intra_cost, costs.inter_cost)).sum())
+        best = min(best, load.max() + c)
+        lexi = min(lexi, (int(load.max()), c))
+    return best, lexi
+
+
+def test_spill_pays_only_when_it_lowers_the_time():
+    # 2 nodes x 2 GPUs, 2 slots per GPU; expert 0 on GPU 0 (slot 0) and GPU 2 (slot 4, other node)
+    p2l = np.array([0, 1, 2, 3, 0, 4, 5, 6])
+    slot_gpu = np.arange(8) // 2
+    node = np.arange(4) // 2
+    home = np.zeros(6, np.int64)
+    ex = np.zeros((6, 1), np.int64)  # six tokens on GPU 0, all on expert 0
+    local = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced-local")
+    # 6 local: objective 6. 3 + 3 remote: 3 + 3 x 0.25 = 3.75, better; 4 + 2: 4.5; so the split is 3 / 3,
+    # the first three tokens (token order) on the first replica GPU in slot order (GPU 0).
+    assert local.ravel().tolist() == [0, 0, 0, 4, 4, 4]
+    # with an off-node pair costing more than a pair of load, nothing spills
+    stay = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced-local", costs=ReplicaCosts(inter_cost=1.5))
+    assert stay.ravel().tolist() == [0] * 6
+    # the load-only rule splits 3 / 3 whatever the costs
+    bal = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced", costs=ReplicaCosts(inter_cost=1.5))
+    assert sorted(bal.ravel().tolist()) == [0, 0, 0, 4, 4, 4]
+    # base load 3 on GPU 2: r remote pairs give max(6 - r, 3 + r) + 0.25 r: 6, 5.25, 5.5, ... so one spills
+    based = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced-local", base_load=np.array([0, 0, 3, 0]))
+    assert based.ravel().tolist() == [0, 0, 0, 0, 0, 4]
+
+
+def test_balanced_prefers_locality_among_equal_max_loads():
+    # expert 0 on GPU 0 and GPU 1 (same node); two tokens homed on GPU 1, one on GPU 0: 1 pair each GPU is not
+    # possible with 3 pairs on 2 GPUs... max load 2 either way; locality tie-break keeps every pair at home.
+    p2l = np.array([0, 1, 0, 2])
+    slot_gpu = np.arange(4) // 2
+    node = np.zeros(2, np.int64)
+    got = assign_slots(p2l, slot_gpu, node, np.array([1, 0, 1]), np.zeros((3, 1), np.int64), rule="balanced")
+    assert slot_gpu[got.ravel()].tolist() == [1, 0, 1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_optimal_against_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    nodes, gpus = [(2, 2), (1, 3), (2, 1), (3, 1)][seed % 4]
+    W = nodes * gpus
+    E = 4
+    extra = rng.integers(0, E, size=W * 2 - E) if W * 2 > E else np.zeros(0, np.int64)
+    p2l = np.r_[np.arange(E), extra][rng.permutation(W * 2)]
+    slot_gpu = np.arange(W * 2) // 2
+    node = np.arange(W) // gpus
+    T, K = int(rng.integers(2, 6)), 2
+    ex = np.stack([rng.choice(E, K, replace=False, p=[0.55, 0.25, 0.1, 0.1]) for _ in range(T)])
+    home = rng.integers(0, W, T)
+    base = rng.integers(0, 3, W) if seed % 3 == 0 else None
+    costs = ReplicaCosts(intra_cost=float(rng.choice([0.0, 0.02, 0.3])), inter_cost=float(rng.choice([0.25, 0.6])))
+    b = np.zeros(W, np.int64) if base is None else base
+    best, lexi = brute_force(p2l, slot_gpu, node, home, ex, costs, b)
+    got = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced-local", base_load=base, costs=costs)
+    assert (p2l[got] == ex).all()
+    mx, c = objective(got, ex, home, slot_gpu, node, costs)
+    mx = int((np.bincount(slot_gpu[got].ravel(), minlength=W) + b).max())
+    assert mx + c == pytest.approx(best)
+    got = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced", base_load=base, costs=costs)
+    _, c = objective(got, ex, home, slot_gpu, node, costs)
+    mx = int((np.bincount(slot_gpu[got].ravel(), minlength=W) + b).max())
+    assert mx == lexi[0] and c == pytest.approx(lexi[1])
+
+
+def test_costs_validated():
+    with pytest.raises(ValueError, match="inter_cost"):
+        ReplicaCosts(inter_cost=-1.0)
+    with pytest.raises(ValueError, match="intra_cost"):
+        ReplicaCosts(intra_cost=float("nan"))
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    tr = read_trace(BUNDLED)
+    tk = tr.tokens
+    work = workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, tr.meta.num_experts, 32)
+    return tr, make_plan("eplb", work, Cluster(4, 2), 8)
+
+
+def test_bundled_trace_fast_and_never_worse(bundled):
+    """4x2, R=8 on the bundled trace (63k tokens, L=8, E=32): a few seconds; per micro-batch and layer the
+    balanced rule's max load is never above the nearest rule's, and balanced-local's objective never above it."""
+    tr, plan = bundled
+    simulate(tr, plan, rule="balanced-local")  # compiled or loaded from numba's cache
+    t0 = time.perf_counter()
+    res = {r: simulate(tr, plan, rule=r) for r in ("nearest-least-loaded", *BALANCED_RULES)}
+    took = (time.perf_counter() - t0) / 3
+    assert took < 5.0, f"one simulate took {took:.1f} s"
+    for ph in ("prefill", "decode"):
+        near = getattr(res["nearest-least-loaded"], ph).per_microbatch["max_load"]
+        bal = getattr(res["balanced"], ph).per_microbatch["max_load"]
+        loc = getattr(res["balanced-local"], ph).per_microbatch["max_load"]
+        assert (bal <= near).all() and (bal <= loc).all()
+        assert (bal < near).mean() > 0.3  # it does balance
+        for r in BALANCED_RULES:
+            assert getattr(res[r], ph).pairs.tolist() == getattr(res["nearest-least-loaded"], ph).pairs.tolist()
+
+
+def test_route_load_and_runtime_share_the_rule(bundled):
+    """route_load (the planners' entry) and assign_slots (the runtime's) route as simulate does."""
+    tr, plan = bundled
+    first = np.isin(tr.tokens.request_id, tr.requests.request_id[:64])
+    sub = tr.tokens.select(first & (tr.tokens.phase == 1))
+    from moeplace.trace.store import Trace
+
+    small = Trace(tr.meta, tr.requests, sub, None)
+    pl = plan.placement
+    node = np.arange(pl.num_gpus) // plan.cluster.gpus_per_node
+    req = tr.requests
+    r = np.argsort(req.request_id)[np.searchsorted(req.request_id, sub.request_id, sorter=np.argsort(req.request_id))]
+    home = plan.home_of(req.request_id)[r]  # round-robin in request-table order, as simulate does
+    step = sub.position - req.prompt_len[r]  # decode micro-batch (window 0, step): the 64 first requests share it
+    assert (req.prompt_len[r] > 0).all()
+    for rule in BALANCED_RULES:
+        res = simulate(small, plan, rule=rule)
+        load = route_load(sub.expert_ids, home, step, pl.phy2log, plan.cluster, rule=rule)
+        assert load.tolist() == res.decode.load.tolist()
+        by_hand = np.zeros_like(load)
+        for s in np.unique(step):
+            rows = np.flatnonzero(step == s)
+            for layer in range(tr.meta.num_layers):
+                slots = assign_slots(pl.phy2log[layer], pl.slot_gpu, node, home[rows], sub.expert_ids[rows, layer],
+                                     rule=rule)
+                by_hand[layer] += np.bincount(pl.slot_gpu[slots].ravel(), minlength=pl.num_gpus)
+        assert by_hand.tolist() == load.tolist()
+
+
+def test_colocated_replicas_serve_from_the_first_slot():
+    p2l = np.array([0, 0, 1, 2])  # expert 0 twice on GPU 0
+    pl = Placement(p2l[None], 3, 2, allow_colocated_replicas=True)
+    node = np.zeros(2, np.int64)
+    got = assign_slots(p2l, pl.slot_gpu, node, np.array([1, 1, 1]), np.zeros((3, 1), np.int64), rule="balanced")
+    assert got.ravel().tolist() == [0, 0, 0]
+    assert Plan(pl, Cluster(1, 2)).placement.num_gpus == 2
