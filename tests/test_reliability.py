@@ -295,3 +295,14 @@ def test_record_refuses_prompts_beyond_the_model_positions(tmp_path):
     last = res.stderr.strip().splitlines()[-1]  # model loading prints progress first
     assert "request 0: prompt of" in last and "max_position_embeddings" in last
     assert not (tmp_path / "r.trace").exists()
+
+
+def test_record_on_a_device_this_machine_lacks(tmp_path):
+    """``--device cuda:0`` on a CPU-only torch (or one GPU too many) is one line, before any model is loaded."""
+    import torch
+
+    dev = f"cuda:{torch.cuda.device_count()}"  # never present: one past the last GPU (cuda:0 on CPU machines)
+    res = moeplace("trace", "record", "--model", "reference", "--prompts", "builtin", "--max-new-tokens", "2",
+                   "--device", dev, tmp_path / "r.trace")
+    one_line_error(res, f"--device {dev}")
+    assert not (tmp_path / "r.trace").exists()

@@ -61,6 +61,20 @@ def _terminate(signum, frame) -> None:
     raise _Terminated()
 
 
+def check_device(device: str) -> None:
+    """ValueError when torch cannot use ``device`` on this machine (before any model is loaded)."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        return
+    backend = getattr(torch, kind, None)
+    if backend is None or not backend.is_available():
+        raise ValueError(f"--device {device}: this torch build has no usable {kind} device (use --device cpu)")
+    if index and int(index) >= backend.device_count():
+        raise ValueError(f"--device {device}: only {backend.device_count()} {kind} device(s) here")
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     from moeplace.trace.capture import load_prompts, record_generate, trace_meta  # imports torch
 
@@ -79,6 +93,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.model != "reference" and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: not a directory (expected a local Hugging Face model directory "
                          "or 'reference')")
+    check_device(args.device)
     model, tokenizer, name = _load_model(args.model, args.device, args.dtype)
     meta = trace_meta(model, sample_every=args.sample_every, model_name=name)
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
