@@ -137,6 +137,70 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
 
 
 
+def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray,
+                       phase: str, sends_pg: np.ndarray | None = None, node_sends: np.ndarray | None = None,
+                       local: np.ndarray | None = None, node_local: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Route complete micro-batches through the compiled kernel and the time model.
+
+    ids: int [T, L, K]; rows: int [n] rows of ids to route (trace order); home, mb: int [n] their home GPU and
+    micro-batch. Totals are added into sends_pg int64 [L, W, W], node_sends [L, W, N_n], local and node_local [L]
+    when given. Returns (micro-batch ids [B] sorted, loads int64 [B, L, W], metrics name -> [B, L]).
+    """
+    L = ctx.meta.num_layers
+    order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
+    umb, cnt = np.unique(mb, return_counts=True)
+    starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
+    nb = len(umb)
+    loads = np.zeros((nb, L, ctx.W), np.int64)
+    counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
+    active = np.zeros((nb, L, ctx.W), np.int64)  # distinct experts with pairs per GPU (roofline memory term)
+    pair_counts = np.zeros((nb, L, 4), np.int64)  # sends without dedup (DeepEP low-latency)
+    if sends_pg is None:
+        sends_pg = np.zeros((L, ctx.W, ctx.W), np.int64)
+    if node_sends is None:
+        node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
+    local = np.zeros(L, np.int64) if local is None else local
+    node_local = np.zeros(L, np.int64) if node_local is None else node_local
+    ids = np.ascontiguousarray(ids, np.int16)
+    rows_o = np.ascontiguousarray(np.asarray(rows)[order], np.int64)
+    home_o = np.ascontiguousarray(np.asarray(home)[order], np.int64)
+    pick = ctx.pick(ids, rows_o, home_o, starts)
+    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows_o, home_o,
+                            starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
+                            counts["per_gpu"], counts["two_hop"], sends_pg, node_sends, local, node_local,
+                            active, pair_counts)
+    if max(bad) >= 0:
+        raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+    return umb, loads, ctx.metrics(counts, loads, active, pair_counts, phase)
+
+
+def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
+                  phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str = "",
+                  rule: str = DEFAULT_RULE, num_experts: int | None = None,
+                  replica_costs: ReplicaCosts | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The simulator on array rows of one phase, for a planner scoring candidate placements on its window.
+
+    expert_ids: int [T, L, K]; home: int [T] home GPU of each row; microbatch: int [T] its micro-batch (rows of one
+    micro-batch are routed in row order); phase: "prefill" or "decode" (the kernel ``auto`` picks per phase);
+    phy2log: int [L, P]; cost: needs ``hidden_size``. Returns (micro-batch ids [B], metrics name -> [B, L]) with
+    the same names as :attr:`PhaseResult.per_microbatch` (``layer_time`` is the kernel time model's).
+    """
+    ids = np.asarray(expert_ids)
+    T, L, K = ids.shape
+    if not cost.hidden_size:
+        raise ValueError("simulate_rows: CostConfig.hidden_size is required")
+    p2l = np.asarray(phy2log, np.int64)
+    E = int(num_experts) if num_experts is not None else max(int(ids.max()) + 1 if ids.size else 1,
+                                                            int(p2l.max()) + 1)
+    meta = TraceMeta(model=model, num_layers=L, num_experts=E, top_k=K, hidden_size=int(cost.hidden_size))
+    plan = Plan(Placement(p2l, E, cluster.world_size), cluster)
+    ctx = _make_ctx(meta, plan, cluster, cost, None, rule, 0, replica_costs)
+    umb, _, metrics = route_microbatches(ctx, ids, np.arange(T), np.asarray(home, np.int64),
+                                         np.asarray(microbatch, np.int64), phase)
+    return umb, metrics
+
+
 # --------------------------------------------------------------------------------------------------- accumulation
 
 
@@ -206,31 +270,13 @@ class _PhaseAcc:
     def _route(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
         """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids."""
         ctx = self.ctx
-        L = ctx.meta.num_layers
-        order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
-        umb, cnt = np.unique(mb, return_counts=True)
-        starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
-        nb = len(umb)
-        loads = np.zeros((nb, L, ctx.W), np.int64)
-        counts = {m: np.zeros((nb, L, 6), np.int64) for m in DEDUP_MODES}
-        active = np.zeros((nb, L, ctx.W), np.int64)  # distinct experts with pairs per GPU (roofline memory term)
-        pair_counts = np.zeros((nb, L, 4), np.int64)  # sends without dedup (DeepEP low-latency)
         if self.node_sends is None:
-            self.node_sends = np.zeros((L, ctx.W, ctx.num_nodes), np.int64)
-        ids = np.ascontiguousarray(ids, np.int16)
-        rows_o = np.ascontiguousarray(rows[order], np.int64)
-        home_o = np.ascontiguousarray(home[order], np.int64)
-        pick = ctx.pick(ids, rows_o, home_o, starts)
-        bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows_o, home_o,
-                                starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
-                                counts["per_gpu"], counts["two_hop"],
-                                self.sends["per_gpu"], self.node_sends, self.local, self.node_local,
-                                active, pair_counts)
-        if max(bad) >= 0:
-            raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+            self.node_sends = np.zeros((ctx.meta.num_layers, ctx.W, ctx.num_nodes), np.int64)
+        umb, loads, metrics = route_microbatches(ctx, ids, rows, home, mb, self.name, self.sends["per_gpu"],
+                                                 self.node_sends, self.local, self.node_local)
         self.load += loads.sum(0)
         self.done_ids.append(umb.astype(np.int64))
-        self.done.append(ctx.metrics(counts, loads, active, pair_counts, self.name))
+        self.done.append(metrics)
 
     def result(self, name: str) -> PhaseResult:
         if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
