@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,16 +178,97 @@ def test_vllm_errors(tmp_path):
     with pytest.raises(TraceError, match="row 1 has -1 in some layers only"):
         import_vllm_routed(_write_vllm_jsonl(tmp_path / "b.jsonl", bad), tmp_path / "b.trace")
     bad = [reqs[0], dict(reqs[1], routed_experts=np.zeros((2, 4, 2), np.int16))]
-    with pytest.raises(TraceError, match=r"cmpl-b: routed_experts has \[layers, k\] = \[4, 2\]"):
+    with pytest.raises(TraceError, match=r"cmpl-b\): prompt_routed_experts has \[layers, k\] = \[3, 2\] but "
+                                         r"routed_experts \[4, 2\]"):
         import_vllm_routed(_write_vllm_jsonl(tmp_path / "c.jsonl", bad), tmp_path / "c.trace")
     (tmp_path / "d.jsonl").write_text('{"request_id": 1, "prompt": [1]}\n')
-    with pytest.raises(TraceError, match="d.jsonl: line 1: needs prompt_routed_experts"):
+    with pytest.raises(TraceError, match=r"d.jsonl: line 1 \(request 1\): needs routed_experts"):
         import_vllm_routed(tmp_path / "d.jsonl", tmp_path / "d.trace")
-    (tmp_path / "e.jsonl").write_text('{"routed_experts": [[1, 2]]}\n')
+    (tmp_path / "e.jsonl").write_text('{"routed_experts": [[1, 2]], "prompt_len": 1}\n')
     with pytest.raises(TraceError, match=r"expected shape \[tokens, layers, k\]"):
         import_vllm_routed(tmp_path / "e.jsonl", tmp_path / "e.trace")
     with pytest.raises(TraceError, match="nope.jsonl: no such file"):
         import_vllm_routed(tmp_path / "nope.jsonl", tmp_path / "f.trace")
+
+
+VLLM_032 = Path(__file__).parent / "fixtures" / "vllm_routed_0.32.jsonl"
+
+
+def test_vllm_032_real_array_splits_at_the_prompt(tmp_path):
+    """vLLM 0.32's one array per request (made by vLLM's own capture/trim/base64 code, tests/fixtures/README.md):
+    rows are positions start .. prompt + generated - 2; those below the prompt length are prefill."""
+    truth = json.loads(VLLM_032.with_suffix(".truth.json").read_text())
+    recs = [json.loads(line) for line in VLLM_032.read_text().splitlines()]
+    assert truth["vllm"] == "0.32.0" and all(r["dtype"] == "uint8" for r in truth["requests"])
+    t = read_trace(import_vllm_routed(VLLM_032, tmp_path / "v.trace", model="reference", num_experts=32))
+    assert (t.meta.num_layers, t.meta.num_experts, t.meta.top_k) == (8, 32, 4)
+    assert t.meta.moe_layer_map == list(range(8)) and t.meta.extra["prefix_cached_rows_dropped"] == 0
+    for i, (rec, tr) in enumerate(zip(recs, truth["requests"], strict=True)):
+        P, G, s = len(rec["prompt_token_ids"]), len(rec["output_token_ids"]), rec["routed_experts_prompt_start"]
+        assert tr["shape"][0] == P + G - 1 - s  # vLLM never routes the last generated token
+        m = t.tokens.request_id == i
+        assert int((t.tokens.phase[m] == PREFILL).sum()) == P - s
+        assert int((t.tokens.phase[m] == DECODE).sum()) == G - 1
+        np.testing.assert_array_equal(t.tokens.position[m], np.arange(s, P + G - 1))
+        np.testing.assert_array_equal(t.tokens.expert_ids[m], np.asarray(tr["ids"]))
+        assert (t.requests.prompt_len[i], t.requests.gen_len[i]) == (P, G)
+
+
+def test_vllm_032_refuses_what_it_cannot_place(tmp_path):
+    rec = json.loads(VLLM_032.read_text().splitlines()[0])  # prompt 9, generated 9, start 0 -> 17 rows
+
+    def run(**change):
+        d = {k: v for k, v in {**rec, **change}.items() if v is not None}
+        (tmp_path / "x.jsonl").write_text(json.dumps(d) + "\n")
+        return import_vllm_routed(tmp_path / "x.jsonl", tmp_path / "x.trace", overwrite=True)
+
+    with pytest.raises(TraceError, match="give prompt_token_ids or prompt_len"):
+        run(prompt_token_ids=None)
+    with pytest.raises(TraceError, match="where the rows start is ambiguous"):
+        run(output_token_ids=None, routed_experts_prompt_start=None)
+    with pytest.raises(TraceError, match="has 17 rows, but a 9-token prompt with 8 generated tokens gives 16; if the "
+                                         "request set routed_experts_prompt_start"):
+        run(output_token_ids=rec["output_token_ids"][:8], routed_experts_prompt_start=None)
+    with pytest.raises(TraceError, match=r"gives 15 \(routed_experts_prompt_start=2\)"):
+        run(routed_experts_prompt_start=2)
+    with pytest.raises(TraceError, match=r"routed_experts_prompt_start=10 is outside \[0, 9\]"):
+        run(routed_experts_prompt_start=10)
+    with pytest.raises(TraceError, match="prompt_len=8 but prompt_token_ids has 9"):
+        run(prompt_len=8)
+    with pytest.raises(TraceError, match="not a base64-encoded .npy"):
+        run(routed_experts="bm90IGFuIG5weQ==")
+    # prompt_len and routed_experts_prompt_start alone place the rows (generated length follows from them)
+    t = read_trace(run(prompt_token_ids=None, prompt_len=9, output_token_ids=None))
+    assert t.requests.gen_len.tolist() == [9] and int((t.tokens.phase == PREFILL).sum()) == 9
+
+
+def test_vllm_032_npz_layout(tmp_path):
+    rows = np.random.default_rng(0).integers(0, 32, (10, 3, 2)).astype(np.uint8)
+    np.savez(tmp_path / "r.npz", req0_routed=rows, prompt_lens=np.array([6]), gen_lens=np.array([5]))
+    t = read_trace(import_vllm_routed(tmp_path / "r.npz", tmp_path / "t.trace", num_experts=32))
+    assert t.tokens.phase.tolist() == [PREFILL] * 6 + [DECODE] * 4
+    np.testing.assert_array_equal(t.tokens.expert_ids, rows)
+    np.savez(tmp_path / "b.npz", req0_routed=rows)
+    with pytest.raises(TraceError, match="give prompt_token_ids or prompt_len"):
+        import_vllm_routed(tmp_path / "b.npz", tmp_path / "b.trace")
+
+
+def test_vllm_021_zero_filled_cached_rows_are_dropped(tmp_path):
+    """vLLM 0.21 zero-fills prompt rows it took from the prefix cache: they are unknown, not expert 0."""
+    rng = np.random.default_rng(2)
+    pr = np.stack([np.stack([rng.choice(np.arange(1, 8), 2, replace=False) for _ in range(2)]) for _ in range(5)])
+    pr[:3] = 0
+    dc = rng.integers(1, 8, (2, 2, 2))
+    dc[..., 1] = (dc[..., 0] % 7) + 1  # distinct pair
+    src = _write_vllm_jsonl(tmp_path / "z.jsonl", [dict(request_id="a", prompt_routed_experts=pr.astype(np.int16),
+                                                        routed_experts=dc.astype(np.int16))])
+    t = read_trace(import_vllm_routed(src, tmp_path / "z.trace", num_experts=8))
+    assert t.meta.extra["prefix_cached_rows_dropped"] == 3
+    assert t.tokens.position.tolist() == [3, 4, 5, 6] and not (t.tokens.expert_ids == 0).any()
+    np.testing.assert_array_equal(np.bincount(t.tokens.expert_ids.ravel(), minlength=8)[0], 0)
+    src = _write_vllm_jsonl(tmp_path / "k1.jsonl", [dict(prompt_routed_experts=pr[:, :, :1].astype(np.int16))])
+    with pytest.raises(TraceError, match="all-zero rows and k = 1"):
+        import_vllm_routed(src, tmp_path / "k1.trace")
 
 
 # --------------------------------------------------------------------------------------------------- SGLang

@@ -66,6 +66,10 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
     assert len(res["frontier"]["joint"]) == 3 and (tmp_path / "f.png").exists()
     plan = tmp_path / "plan.json"
     assert main(["plan", str(path), "--strategy", "eplb", "--cluster", "2x1", "--out", str(plan)]) == 0
+    # this trace records no moe_layer_map: the row count is unknown until the user says every layer is MoE
     assert main(["export", str(plan), "--format", "sglang", "--trace", str(path), "--out",
-                 str(tmp_path / "s.json")]) == 0
+                 str(tmp_path / "s.json")]) == 2
+    assert "--num-decoder-layers 3" in capsys.readouterr().err and not (tmp_path / "s.json").exists()
+    assert main(["export", str(plan), "--format", "sglang", "--trace", str(path), "--num-decoder-layers", "3",
+                 "--out", str(tmp_path / "s.json")]) == 0
     assert len(json.loads((tmp_path / "s.json").read_text())["physical_to_logical_map"]) == 3

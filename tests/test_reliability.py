@@ -195,7 +195,8 @@ def _vllm_jsonl(path: Path, n_req: int) -> None:
     with open(path, "w") as fh:
         for r in range(n_req):
             ids = np.argsort(rng.random((24, 4, 16)), axis=2)[:, :, :2]
-            fh.write(json.dumps({"request_id": f"r{r}", "routed_experts": ids.tolist()}) + "\n")
+            fh.write(json.dumps({"request_id": f"r{r}", "prompt_len": 16, "gen_len": 9,  # 16 + 9 - 1 = 24 rows
+                                 "routed_experts": ids.tolist()}) + "\n")
 
 
 def test_kill9_import_keeps_the_old_trace_and_the_next_run_cleans_up(tmp_path):

@@ -329,6 +329,30 @@ class CostModel:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass(frozen=True)
+class ModelLayers:
+    """Where a plan's MoE layers sit among the model's decoder layers (engines index their maps by the latter).
+
+    DeepSeek-V3: 61 decoder layers, the first 3 dense, so ``moe_layer_map = (3, ..., 60)`` and
+    ``num_decoder_layers = 61``; MoE layer l of the plan is the model's layer ``moe_layer_map[l]``.
+    """
+
+    moe_layer_map: tuple[int, ...]  # [L] model layer id of each MoE layer, distinct
+    num_decoder_layers: int  # D: the model's decoder layers, dense ones included (> every mapped id)
+
+    def __post_init__(self) -> None:
+        lm = tuple(int(x) for x in self.moe_layer_map)
+        object.__setattr__(self, "moe_layer_map", lm)
+        if not lm or min(lm) < 0 or len(set(lm)) != len(lm):
+            raise ValueError(f"model_layers: moe_layer_map must be distinct layer ids >= 0, got {list(lm)}")
+        if not max(lm) < int(self.num_decoder_layers):
+            raise ValueError(f"model_layers: num_decoder_layers={self.num_decoder_layers} but MoE layer id {max(lm)} "
+                             "needs more")
+
+    def to_json(self) -> dict:
+        return {"moe_layer_map": list(self.moe_layer_map), "num_decoder_layers": int(self.num_decoder_layers)}
+
+
 # Version-1 plans and strategies that still report in ``extra`` say "fallback" without saying to what.
 LEGACY_FALLBACK_USED = {"joint": "eplb", "hypergraph": "coactivation"}
 
@@ -387,9 +411,13 @@ class Plan:
     balance: BalanceOutcome | None = None  # the balance floor and whether it was met (strategies with a floor)
     fallback: Fallback | None = None  # set when the strategy used another method's result
     cost_model: CostModel | None = None  # the cost the strategy minimised, when it used one
+    model_layers: ModelLayers | None = None  # the model's layer layout (from the trace); None: not known
 
     def __post_init__(self) -> None:
         W = self.cluster.world_size
+        if self.model_layers is not None and len(self.model_layers.moe_layer_map) != self.placement.num_layers:
+            raise ValueError(f"plan: model_layers maps {len(self.model_layers.moe_layer_map)} MoE layers but the "
+                             f"placement has {self.placement.num_layers}")
         if self.placement.num_gpus != W:
             raise ValueError(
                 f"plan: placement is for {self.placement.num_gpus} GPUs but cluster {self.cluster.spec()} has {W}"
@@ -441,6 +469,7 @@ class Plan:
             "balance": None if self.balance is None else self.balance.to_json(),
             "fallback": None if self.fallback is None else self.fallback.to_json(),
             "cost_model": None if self.cost_model is None else self.cost_model.to_json(),
+            "model_layers": None if self.model_layers is None else self.model_layers.to_json(),
             "planned_on": self.planned_on,
             "extra": self.extra,
         }
@@ -463,20 +492,23 @@ class Plan:
             if m.format_version == 1:
                 t = typed_from_extra(m.extra, m.strategy, f"{where}: extra")
                 typed = (t.grouper, t.balance, t.fallback, t.cost_model)
-                extra, colocated = t.extra, t.allow_colocated
+                extra, colocated, layers = t.extra, t.allow_colocated, None
             else:
                 typed = (GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper else None,
                          BalanceOutcome(m.balance.floor, m.balance.achieved) if m.balance else None,
                          Fallback(m.fallback.used, m.fallback.reason) if m.fallback else None,
                          CostModel(**m.cost_model.model_dump()) if m.cost_model else None)
                 extra, colocated = m.extra, m.allow_colocated_replicas
+                layers = ModelLayers(tuple(m.model_layers.moe_layer_map), m.model_layers.num_decoder_layers) \
+                    if m.model_layers else None
                 if m.balance is not None and m.balance.met != typed[1].met:
                     raise ValueError(f"balance.met: says {m.balance.met} but achieved {m.balance.achieved} vs "
                                      f"floor {m.balance.floor} says {typed[1].met}")
             placement = Placement(np.asarray(m.phy2log, np.int64).reshape(shape), m.num_experts,
                                   cluster.world_size, allow_colocated_replicas=colocated)
             homes = {int(k): v for k, v in m.homes.items()}
-            return cls(placement, cluster, homes, m.strategy, m.plan_seconds, m.planned_on, dict(extra), *typed)
+            return cls(placement, cluster, homes, m.strategy, m.plan_seconds, m.planned_on, dict(extra), *typed,
+                       model_layers=layers)
         except schema.SchemaError:
             raise
         except ValueError as e:

@@ -174,6 +174,11 @@ class CostModelJSON(_Model):
     pair_flops: NonNegFinite | None = None
 
 
+class ModelLayersJSON(_Model):
+    moe_layer_map: list[Id]
+    num_decoder_layers: PosCount
+
+
 class PlanJSONv2(_Model):
     format_version: Literal[2]
     strategy: Text
@@ -188,6 +193,7 @@ class PlanJSONv2(_Model):
     balance: BalanceJSON | None
     fallback: FallbackJSON | None
     cost_model: CostModelJSON | None
+    model_layers: ModelLayersJSON | None = None  # absent from plans written before it existed
     plan_seconds: NonNegFinite = 0.0  # not written any more (plans hold no timings); accepted from early v2 files
     planned_on: Text
     extra: dict[str, Any]
@@ -243,10 +249,13 @@ class VLLMMappingJSON(_Model):
     format: Literal["vllm-eplb-state"] = "vllm-eplb-state"
     num_redundant_experts: Count
     ep_size: PosCount
+    num_logical_experts: PosCount | None = None  # written since vLLM rebuilds the other maps from the physical one
+    num_moe_layers: PosCount | None = None
     physical_to_logical_map: list[list[Id]]
+    # derived by vLLM itself (compute_logical_maps); in older moeplace exports, checked when present
     logical_to_physical_map: list[list[list[Annotated[int, BeforeValidator(_whole_number), Strict(),
-                                                      Field(ge=-1, le=MAX_ID)]]]]
-    logical_replica_count: list[list[Count]]
+                                                      Field(ge=-1, le=MAX_ID)]]]] | None = None
+    logical_replica_count: list[list[Count]] | None = None
 
 
 # ------------------------------------------------------------------------------------------------- validation

@@ -374,9 +374,10 @@ def test_real_processes(tiny_trace, work_dir):
     proc = run_cli(["export", FIXTURES / "plan_v1_joint.json", "--format", "sglang", "--num-decoder-layers",
                     "100000000", "--out", d / "s.json"], cwd=d, timeout=60)
     assert_clean_failure(proc, ["--num-decoder-layers"])
-    # the v1 fixture is accepted end to end: export and simulate
-    proc = run_cli(["export", FIXTURES / "plan_v1_joint.json", "--format", "sglang", "--out", d / "s.json"],
-                   cwd=d, timeout=60)
+    # the v1 fixture is accepted end to end: export (it records no model layout, so the row count is given) and
+    # simulate
+    proc = run_cli(["export", FIXTURES / "plan_v1_joint.json", "--format", "sglang", "--num-decoder-layers", "2",
+                    "--out", d / "s.json"], cwd=d, timeout=60)
     assert assert_clean_outcome(proc) and len(json.loads((d / "s.json").read_text())["physical_to_logical_map"]) == 2
     proc = run_cli(["simulate", tiny_trace, "--plan", FIXTURES / "plan_v1_joint.json"], cwd=d, timeout=180)
     assert assert_clean_outcome(proc) and "decode" in proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from moeplace.cli import (
     MAX_REDUNDANT,
@@ -20,7 +21,7 @@ from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan
 from moeplace.plan.base import workload_from_trace
-from moeplace.plan.export import MAX_DECODER_LAYERS
+from moeplace.plan.export import MAX_DECODER_LAYERS, layers_of_trace
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS
 from moeplace.plan.loadfile import read_load
 
@@ -61,6 +62,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.strategy == "joint":
         kw["balance_floor"] = args.balance_floor
     plan = make_plan(args.strategy, work, cluster, args.redundant, planned_on=planned_on, **kw)
+    if args.trace:  # the model's layer layout travels with the plan, so an SGLang export needs no --trace
+        from moeplace.trace.store import read_meta
+
+        plan = dataclasses.replace(plan, model_layers=layers_of_trace(read_meta(args.trace)))
     plan.save(args.out)
     print(f"{args.strategy}: {plan.placement.num_layers} layers x {plan.placement.num_slots} slots on "
           f"{cluster.spec()} ({plan.placement.slots_per_gpu} per GPU), {len(plan.homes)} request homes, "
@@ -100,12 +105,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     from moeplace.plan.export import export_plan
 
     plan = Plan.load(args.plan)
-    lm = None
+    lm, D = None, args.num_decoder_layers
     if args.trace:
         from moeplace.trace.store import read_meta
 
-        lm = read_meta(args.trace).moe_layer_map
-    export_plan(plan, args.format, args.out, lm, args.num_decoder_layers)
+        layers = layers_of_trace(read_meta(args.trace))
+        if layers is not None:
+            lm, D = list(layers.moe_layer_map), D if D is not None else layers.num_decoder_layers
+    try:
+        export_plan(plan, args.format, args.out, lm, D)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     print(f"wrote {args.format} mapping of {args.plan} -> {args.out}")
     return 0
 
@@ -191,10 +201,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("plan", type=input_file, help="plan JSON from 'moeplace plan'")
     e.add_argument("--format", required=True, choices=("sglang", "vllm"))
     e.add_argument("--out", required=True, type=output_file, help="JSON file to write")
-    e.add_argument("--trace", help="trace whose moe_layer_map places MoE layers among decoder layers (sglang)")
+    e.add_argument("--trace", help="sglang: trace whose moe_layer_map places MoE layers among decoder layers "
+                   "(default: the layout the plan records)")
     e.add_argument("--num-decoder-layers", type=int_in(1, MAX_DECODER_LAYERS),
-                   help="sglang: decoder layers of the model (default: last "
-                   "MoE layer + 1)")
+                   help="sglang: decoder layers of the model (default: the plan's or trace's record); equal to the "
+                   "plan's MoE layers when every layer is MoE and nothing is recorded")
     e.set_defaults(func=cmd_export)
 
 

@@ -470,21 +470,30 @@ def _engine_meta(model: str, L: int, E: int, K: int, layer_map: list[int], hidde
 
 @dataclass
 class _VllmRequest:
+    """One request's routed rows, placed on token positions. Row i is the token at position ``pos0 + i``; positions
+    below ``prompt_len`` are prefill, the others decode."""
+
     orig_id: str
     domain: str
-    prompt: np.ndarray  # int [P, Lm, K]; -1 rows = prefix-cached
-    decode: np.ndarray  # int [G, Lm, K]
+    rows: np.ndarray  # int64 [N, Lm, K] router order
+    pos0: int  # position of row 0 (routed_experts_prompt_start in vLLM >= 0.32, else 0)
+    prompt_len: int
+    gen_len: int
+    unknown: np.ndarray  # bool [N]: rows without routing (0.21 prefix-cached rows, zero- or -1-filled)
 
 
 def _as_routing(a, where: str) -> np.ndarray:
+    """int64 [N, Lm, K] from a nested list, an array, or the OpenAI server's base64 ``.npy`` string."""
     if a is None:
-        return np.zeros((0, 0, 0), np.int32)
+        return np.zeros((0, 0, 0), np.int64)
+    if isinstance(a, str):
+        a = _b64_npy(a, where)
     try:
         arr = np.asarray(a)
     except (ValueError, RecursionError) as e:  # ragged or absurdly nested lists
         raise TraceError(f"{where}: not a rectangular [tokens, layers, k] array ({_first_line(e)})") from None
     if arr.size == 0:
-        return np.zeros((0, 0, 0), np.int32)
+        return np.zeros((0, 0, 0), np.int64)
     if arr.ndim != 3:
         raise TraceError(f"{where}: expected shape [tokens, layers, k], got {list(arr.shape)}")
     if arr.dtype.kind not in "iu":
@@ -492,6 +501,103 @@ def _as_routing(a, where: str) -> np.ndarray:
     if arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
         raise TraceError(f"{where}: expert id {int(arr.max())} is too large")
     return arr.astype(np.int64, copy=False)  # no narrowing: an id of 2**31 must not wrap
+
+
+def _b64_npy(text: str, where: str) -> np.ndarray:
+    """The array of a base64-encoded ``.npy`` (vLLM's ``numpy2base64``, what its OpenAI server returns)."""
+    import base64
+    import binascii
+    import io
+
+    try:
+        raw = base64.b64decode(text, validate=True)
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (binascii.Error, ValueError, OSError, EOFError) as e:
+        raise TraceError(f"{where}: not a base64-encoded .npy array ({_first_line(e)})") from None
+
+
+def _opt_len(d: dict, ids_key: str, len_key: str, where: str) -> int | None:
+    """Length from a token-id list ``ids_key`` or a count ``len_key`` (they must agree when both are given)."""
+    n = None
+    if d.get(ids_key) is not None:
+        ids = d[ids_key]
+        if not isinstance(ids, (list, tuple, np.ndarray)):
+            raise TraceError(f"{where}: {ids_key} must be a list of token ids")
+        n = len(ids)
+    if d.get(len_key) is not None:
+        m = _as_int(d[len_key], f"{where}: {len_key}")
+        if m < 0 or (n is not None and m != n):
+            raise TraceError(f"{where}: {len_key}={m} but {ids_key} has {n} tokens" if n is not None
+                             else f"{where}: {len_key} must be >= 0, got {m}")
+        n = m
+    return n
+
+
+def _vllm_request(d: dict, where: str) -> _VllmRequest:
+    """A request from one record (keys as in docs/IMPORTERS.md); refuses what it cannot place on positions."""
+    rid = str(d.get("request_id", where))
+    domain = str(d.get("domain") or "unknown")
+    P = _opt_len(d, "prompt_token_ids", "prompt_len", where)
+    G = _opt_len(d, "output_token_ids", "gen_len", where)
+    if "prompt_routed_experts" in d:  # vLLM 0.21: prompt rows and generated rows apart
+        pr = _as_routing(d.get("prompt_routed_experts"), f"{where} prompt_routed_experts")
+        dc = _as_routing(d.get("routed_experts"), f"{where} routed_experts")
+        if pr.size and dc.size and pr.shape[1:] != dc.shape[1:]:
+            raise TraceError(f"{where}: prompt_routed_experts has [layers, k] = {list(pr.shape[1:])} but "
+                             f"routed_experts {list(dc.shape[1:])}")
+        if P is not None and len(pr) != P:
+            raise TraceError(f"{where}: prompt_routed_experts has {len(pr)} rows for a {P}-token prompt")
+        rows = pr if not dc.size else dc if not pr.size else np.concatenate([pr, dc])
+        p_len = len(pr)
+        cached = np.zeros(len(rows), bool)
+        if len(rows):
+            neg = (rows < 0).any(axis=(1, 2))
+            partial = neg & ~(rows < 0).all(axis=(1, 2))
+            if partial.any():
+                i = int(np.flatnonzero(partial)[0])
+                name, j = ("prompt_routed_experts", i) if i < p_len else ("routed_experts", i - p_len)
+                raise TraceError(f"{where}: {name} row {j} has -1 in some layers only (-1 must mark a whole "
+                                 "prefix-cached row)")
+            zero = np.zeros(len(rows), bool)
+            zero[:p_len] = (pr == 0).all(axis=(1, 2))
+            if zero.any() and rows.shape[2] < 2:
+                raise TraceError(f"{where}: prompt_routed_experts has all-zero rows and k = 1: a prefix-cached row "
+                                 "(vLLM 0.21 leaves them zero) cannot be told from a token routed to expert 0")
+            cached = neg | zero  # with k >= 2 a routed token never selects expert 0 twice in a layer
+        return _VllmRequest(rid, domain, rows, 0, p_len, len(dc) if G is None else G, cached)
+    if "routed_experts" not in d:
+        raise TraceError(f"{where}: needs routed_experts (vLLM >= 0.32) or prompt_routed_experts (vLLM 0.21) "
+                         f"(found keys: {', '.join(sorted(d)) or 'none'})")
+    rows = _as_routing(d["routed_experts"], f"{where} routed_experts")
+    N = len(rows)
+    if P is None:
+        raise TraceError(f"{where}: routed_experts holds prompt and generated tokens together (vLLM >= 0.32); "
+                         "give prompt_token_ids or prompt_len so prefill rows can be told from decode rows")
+    start = d.get("routed_experts_prompt_start")
+    s = None if start is None else _as_int(start, f"{where}: routed_experts_prompt_start")
+    if s is not None and not 0 <= s <= P:
+        raise TraceError(f"{where}: routed_experts_prompt_start={s} is outside [0, {P}] (the prompt length)")
+    if G is None:
+        if s is None:
+            raise TraceError(f"{where}: {N} routed_experts rows, but neither output_token_ids (or gen_len) nor "
+                             "routed_experts_prompt_start is given, so where the rows start is ambiguous")
+        G = N + s + 1 - P
+        if G < 0:
+            raise TraceError(f"{where}: {N} routed_experts rows from prompt position {s} end inside the {P}-token "
+                             "prompt; give output_token_ids")
+    else:
+        want = max(P + G - 1 - (s or 0), 0)  # vLLM routes every token but the last generated one
+        if N != want:
+            hint = ("; if the request set routed_experts_prompt_start, give it" if s is None
+                    else f" (routed_experts_prompt_start={s})")
+            raise TraceError(f"{where}: routed_experts has {N} rows, but a {P}-token prompt with {G} generated "
+                             f"tokens gives {want}{hint}")
+    if (rows < 0).any():
+        raise TraceError(f"{where}: routed_experts holds negative ids (vLLM >= 0.32 returns logical ids >= 0)")
+    return _VllmRequest(rid, domain, rows, s or 0, P, G, np.zeros(N, bool))
+
+
+_NPZ_FIELDS = ("prompt_lens", "gen_lens", "prompt_starts")  # optional [R] int arrays of the .npz layout
 
 
 def _lines(fh, path: Path) -> Iterator[str]:
@@ -511,13 +617,25 @@ def _iter_vllm(path: Path) -> Iterator[_VllmRequest]:
         n = len(idx)
         rid_arr = _npz_array(z, path, "request_ids") if "request_ids" in z.files else np.arange(n).astype(str)
         dom_arr = _npz_array(z, path, "domains") if "domains" in z.files else np.full(n, "unknown")
-        if len(rid_arr) != n or len(dom_arr) != n:
-            raise TraceError(f"{path}: request_ids/domains must have one entry per request ({n})")
+        per = {k: _as_int_array(_npz_array(z, path, k), f"{path}: {k}").ravel() for k in _NPZ_FIELDS if k in z.files}
+        for name, arr in (("request_ids", rid_arr), ("domains", dom_arr), *per.items()):
+            if len(arr) != n:
+                raise TraceError(f"{path}: {name} must have one entry per request ({n}), has {len(arr)}")
         for i in range(n):
-            w = f"{path}: request {i}"
-            pr = _as_routing(z[f"req{i}_prompt"], f"{w} req{i}_prompt") if f"req{i}_prompt" in z.files else None
-            dc = _as_routing(z[f"req{i}_decode"], f"{w} req{i}_decode") if f"req{i}_decode" in z.files else None
-            yield _VllmRequest(str(rid_arr[i]), str(dom_arr[i]), _as_routing(pr, w), _as_routing(dc, w))
+            d: dict = {"request_id": str(rid_arr[i]), "domain": str(dom_arr[i])}
+            for key, name in ((f"req{i}_prompt", "prompt_routed_experts"), (f"req{i}_decode", "routed_experts"),
+                              (f"req{i}_routed", "routed_experts")):
+                if key in z.files:
+                    if name in d:
+                        raise TraceError(f"{path}: req{i}_routed (vLLM >= 0.32) and req{i}_decode (0.21) together")
+                    d[name] = _npz_array(z, path, key)
+            if f"req{i}_prompt" in z.files or f"req{i}_decode" in z.files:
+                d.setdefault("prompt_routed_experts", None)  # the 0.21 split layout
+            for k, field_name in zip(_NPZ_FIELDS, ("prompt_len", "gen_len", "routed_experts_prompt_start"),
+                                     strict=True):
+                if k in per:
+                    d[field_name] = int(per[k][i])
+            yield _vllm_request(d, f"{path}: request {i} ({d['request_id']})")
         return
     _regular(path, "expected a .jsonl or .npz file of vLLM routed experts")
     with open(path, encoding="utf-8", errors="strict") as fh:
@@ -528,12 +646,8 @@ def _iter_vllm(path: Path) -> Iterator[_VllmRequest]:
             d = _json_loads(line, w)
             if not isinstance(d, dict):
                 raise TraceError(f"{w}: expected a JSON object")
-            if "prompt_routed_experts" not in d and "routed_experts" not in d:
-                raise TraceError(f"{w}: needs prompt_routed_experts and/or routed_experts (found keys: "
-                                 f"{', '.join(sorted(d)) or 'none'})")
-            yield _VllmRequest(str(d.get("request_id", ln - 1)), str(d.get("domain") or "unknown"),
-                               _as_routing(d.get("prompt_routed_experts"), f"{w} prompt_routed_experts"),
-                               _as_routing(d.get("routed_experts"), f"{w} routed_experts"))
+            d.setdefault("request_id", ln - 1)
+            yield _vllm_request(d, f"{w} (request {d['request_id']})")
 
 
 def import_vllm_routed(
@@ -548,11 +662,15 @@ def import_vllm_routed(
 ) -> Path:
     """Import vLLM per-request routed experts (``--enable-return-routed-experts``) from .jsonl or .npz.
 
-    Per request: ``prompt_routed_experts`` [prompt_len, Lm, K] (prefill) and ``routed_experts`` [gen_len, Lm, K]
-    (decode), Lm = the model's hidden layers. Rows holding -1 (prefix-cached positions, not recomputed) are
-    dropped and counted in ``meta.extra``. Layers whose ids are all 0 in every row (dense layers: vLLM's buffer
-    is zero-filled) are dropped when K >= 2; ``moe_layer_map`` records the kept model layers. ``num_experts``
-    defaults to the largest id + 1. Request ids are renumbered 0..R-1; the original id is in ``source``.
+    vLLM >= 0.32: ``routed_experts`` [N, Lm, K] covers prompt and generated tokens together from prompt position
+    ``routed_experts_prompt_start`` (default 0) to the last token but one; the prompt length (``prompt_token_ids``
+    or ``prompt_len``) splits prefill rows from decode rows, and the generated length (``output_token_ids`` or
+    ``gen_len``) checks the row count. vLLM 0.21: ``prompt_routed_experts`` [prompt_len, Lm, K] (prefill; rows
+    of prefix-cached positions are all 0, or -1, and are dropped and counted) and ``routed_experts`` [gen_len,
+    Lm, K] (decode). Lm = the model's hidden layers; layers whose ids are all 0 in every row are dense (vLLM
+    never writes them) and are dropped when K >= 2, and ``moe_layer_map`` records the kept model layers.
+    ``num_experts`` defaults to the largest id + 1. Request ids are renumbered 0..R-1; the original id is in
+    ``source``. A request whose rows cannot be placed on token positions is refused, never guessed.
     """
     path = _exists(Path(src), "expected a .jsonl or .npz file of vLLM routed experts")
     where = f"vllm-routed:{path}"
@@ -562,24 +680,18 @@ def import_vllm_routed(
     n_req = 0
     for r in _iter_vllm(path):  # pass 1: shapes, id range, dense layers
         n_req += 1
-        for name, a in (("prompt_routed_experts", r.prompt), ("routed_experts", r.decode)):
-            if a.shape[0] == 0:
-                continue
-            if shape is None:
-                shape = a.shape[1:]
-                nonzero = np.zeros(shape[0], bool)
-            elif a.shape[1:] != shape:
-                raise TraceError(f"{path}: request {r.orig_id}: {name} has [layers, k] = {list(a.shape[1:])}, "
-                                 f"earlier requests have {list(shape)}")
-            cached = (a < 0).any(axis=(1, 2))
-            partial = cached & ~(a < 0).all(axis=(1, 2))
-            if partial.any():
-                raise TraceError(f"{path}: request {r.orig_id}: {name} row {int(np.flatnonzero(partial)[0])} has -1 "
-                                 "in some layers only (-1 must mark a whole prefix-cached row)")
-            kept = a[~cached]
-            if kept.size:
-                max_id = max(max_id, int(kept.max()))
-                nonzero |= (kept != 0).any(axis=(0, 2))
+        if r.rows.shape[0] == 0:
+            continue
+        if shape is None:
+            shape = r.rows.shape[1:]
+            nonzero = np.zeros(shape[0], bool)
+        elif r.rows.shape[1:] != shape:
+            raise TraceError(f"{path}: request {r.orig_id}: routed_experts has [layers, k] = "
+                             f"{list(r.rows.shape[1:])}, earlier requests have {list(shape)}")
+        kept = r.rows[~r.unknown]
+        if kept.size:
+            max_id = max(max_id, int(kept.max()))
+            nonzero |= (kept != 0).any(axis=(0, 2))
     if n_req == 0:
         raise TraceError(f"{path}: no requests found")
     if shape is None or max_id < 0:
@@ -599,24 +711,18 @@ def import_vllm_routed(
     dropped = 0
     with _writer(out_p, meta, overwrite, [path]) as w:
         for i, r in enumerate(_iter_vllm(path)):  # pass 2: write
-            p_len, g_len = r.prompt.shape[0], r.decode.shape[0]
             w.add_requests([i], domain=[r.domain if r.domain in DOMAINS else "unknown"],
-                           source=[f"vllm request_id={r.orig_id}"], prompt_len=[p_len], gen_len=[g_len])
-            parts = []
-            for a, phase, pos0 in ((r.prompt, PREFILL, 0), (r.decode, DECODE, p_len)):
-                if a.shape[0] == 0:
-                    continue
-                keep = ~(a < 0).any(axis=(1, 2))
-                dropped += int((~keep).sum())
-                pos = (pos0 + np.arange(a.shape[0]))[keep]
-                parts.append((pos, np.full(len(pos), phase, np.int8), a[keep][:, layers, :]))
-            if parts:
-                pos = np.concatenate([x[0] for x in parts])
-                try:
-                    w.add_tokens(np.full(len(pos), i, np.int64), pos, np.concatenate([x[1] for x in parts]),
-                                 np.concatenate([x[2] for x in parts]))
-                except TraceError as e:
-                    raise TraceError(f"{path}: request {r.orig_id}: {e}") from None
+                           source=[f"vllm request_id={r.orig_id}"], prompt_len=[r.prompt_len], gen_len=[r.gen_len])
+            keep = ~r.unknown
+            dropped += int(r.unknown.sum())
+            if not keep.any():
+                continue
+            pos = (r.pos0 + np.arange(len(r.rows)))[keep]
+            phase = np.where(pos < r.prompt_len, PREFILL, DECODE).astype(np.int8)
+            try:
+                w.add_tokens(np.full(len(pos), i, np.int64), pos, phase, r.rows[keep][:, layers, :])
+            except TraceError as e:
+                raise TraceError(f"{path}: request {r.orig_id}: {e}") from None
         w.meta.extra["prefix_cached_rows_dropped"] = dropped
     return out_p
 
@@ -860,8 +966,9 @@ FORMATS: dict[str, ImportFormat] = {
                      "with domain_summaries.npz + domain_summaries_meta.json (counts-only)", True),
         ImportFormat("olmoe-npz", import_olmoe_npz, "OLMoE/Mixtral per-domain expert counts: olmoe-mixtral/"
                      "<model>.npz (counts-only)", True),
-        ImportFormat("vllm-routed", import_vllm_routed, "vLLM prompt_routed_experts/routed_experts per request: "
-                     ".jsonl or .npz", False, ("model", "num_experts", "hidden_size", "num_shared_experts")),
+        ImportFormat("vllm-routed", import_vllm_routed, "vLLM routed_experts per request (0.32+; 0.21's "
+                     "prompt_routed_experts too): .jsonl or .npz", False,
+                     ("model", "num_experts", "hidden_size", "num_shared_experts")),
         ImportFormat("sglang-per-token", import_sglang_per_token, "SGLang expert distribution recorder, per_token "
                      "mode: expert_distribution_recorder_*.pt", False,
                      ("model", "num_experts", "hidden_size", "num_shared_experts")),
