@@ -22,15 +22,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from moeplace.evaluate.score import planning_balance, score_plan, sim_metrics
+from moeplace.evaluate.score import planning_balance, score_plan, score_plan_phases, sim_metrics
 from moeplace.evaluate.windows import DEFAULT_PREFIX_TOKENS, split_windows
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.plan import STRATEGIES, get_strategy, make_plan
+from moeplace.simulate import CostConfig
 from moeplace.trace.store import Trace, TraceMeta
 
 TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
                  ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),
-                 ("layer_time_s", "layer us", "{:.1f}"), ("node_local_rate", "node-local", "{:.3f}"),
+                 ("prefill_layer_time_s", "prefill us", "{:.1f}"), ("decode_layer_time_s", "decode us", "{:.1f}"),
+                 ("prefill_layer_time_vs_eplb", "pre/eplb", "{:.3f}"),
+                 ("decode_layer_time_vs_eplb", "dec/eplb", "{:.3f}"),
+                 ("node_local_rate", "node-local", "{:.3f}"),
                  ("plan_seconds", "plan s", "{:.2f}"))
 
 
@@ -38,10 +42,12 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
             holdout: float = 0.25, split: str = "random", seed: int = 0,
             prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
             params: dict | None = None, progress: Callable[[str], None] | None = None,
-            arrival: str = "table") -> dict:
+            arrival: str = "table", cost: CostConfig | None = None) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
+    cost: the time model (default: the trace's hidden size, kernel ``auto``). Rows give the predicted MoE layer
+    time per micro-batch for prefill and decode, and, when eplb is compared, each strategy's ratio to eplb's.
     """
     names = list(strategies or STRATEGIES)
     for n in names:
@@ -50,7 +56,7 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
     meta: TraceMeta = trace.meta
     base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant), cluster,
                      strategy="linear")
-    base = score_plan(base_plan, win)
+    base = score_plan(base_plan, win, cost=cost)
     base_bytes = base["inter_node_bytes"]["total"]
     out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": cluster.spec(),
                  "num_redundant": num_redundant, "holdout": holdout, "split": split, "seed": seed, "arrival": arrival,
@@ -65,12 +71,22 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
         if progress:
             progress(f"planning {n}")
         t0 = time.perf_counter()
+        if n == "joint" and cost is not None:  # joint's time objective uses the same time model as the scoring
+            kw.setdefault("hidden_size", cost.hidden_size)
+            kw.setdefault("mode", cost.mode)
         plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window", **kw)
-        row = sim_metrics(score_plan(plan, win), base_bytes)
+        res = score_plan_phases(plan, win, cost=cost)
+        row = sim_metrics(res.decode.to_json(), base_bytes, res.prefill.to_json())
         row["plan_seconds"] = plan.plan_seconds
         row["planning_balancedness"] = planning_balance(plan, win)
         row["wall_seconds"] = time.perf_counter() - t0
         out["strategies"][n] = row
+    ref = out["strategies"].get("eplb")
+    if ref:
+        for row in out["strategies"].values():
+            for ph in ("prefill", "decode"):
+                a, b = row.get(f"{ph}_layer_time_s"), ref.get(f"{ph}_layer_time_s")
+                row[f"{ph}_layer_time_vs_eplb"] = a / b if a is not None and b else None
     return out
 
 
@@ -106,7 +122,7 @@ def format_table(result: dict) -> str:
             v = row.get(key)
             if key == "max_per_peer_bytes" and v is not None:
                 v = v / 1e3
-            if key == "layer_time_s" and v is not None:
+            if key.endswith("layer_time_s") and v is not None:
                 v = v * 1e6
             cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
         lines.append(f"{name:<20}" + "".join(cells))
@@ -144,11 +160,12 @@ def run_compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: 
                 holdout: float = 0.25, split: str = "random", seed: int = 0,
                 prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
                 params: dict | None = None, progress: Callable[[str], None] | None = None,
-                arrival: str = "table", floors: list[float] | None = None, plot: str | None = None) -> dict:
+                arrival: str = "table", floors: list[float] | None = None, plot: str | None = None,
+                cost: CostConfig | None = None) -> dict:
     """``moeplace compare``: :func:`compare`, then the frontier sweep over ``floors`` (stored under
     ``"frontier"``) and its plot when asked."""
     res = compare(trace, cluster, num_redundant, strategies, holdout, split, seed, prefix_tokens, balance_floor,
-                  params, progress, arrival)
+                  params, progress, arrival, cost)
     if floors:
         res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,
                                       prefix_tokens, balance_floor, params, progress, arrival)

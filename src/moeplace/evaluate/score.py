@@ -7,15 +7,26 @@ from __future__ import annotations
 
 from moeplace.evaluate.windows import Windows, held_out_homes, scoring_trace
 from moeplace.placement import Plan
-from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
+from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, SimResult, simulate
 
 
-def sim_metrics(res_json: dict, base_bytes: float | None) -> dict:
-    """The compare row from a simulator PhaseResult JSON (decode phase)."""
+def per_microbatch_layer_time(phase_json: dict | None) -> float | None:
+    """Seconds of one MoE layer per micro-batch (mean over micro-batches and layers; the kernel time model's layer
+    time) from a PhaseResult JSON; None when the phase has no micro-batches."""
+    if not phase_json or not phase_json["num_microbatches"]:
+        return None
+    L = len(phase_json["balancedness"]["per_layer"])
+    return phase_json["kernel_time"]["layer_time_s"]["total"] / (phase_json["num_microbatches"] * L)
+
+
+def sim_metrics(res_json: dict, base_bytes: float | None, prefill_json: dict | None = None) -> dict:
+    """The compare row from a simulator PhaseResult JSON (decode phase) and, when given, the prefill phase's."""
     inter = res_json["inter_node_bytes"]["total"]
     L = len(res_json["balancedness"]["per_layer"])
     B = max(res_json["num_microbatches"], 1)
     return {
+        "decode_layer_time_s": per_microbatch_layer_time(res_json),
+        "prefill_layer_time_s": per_microbatch_layer_time(prefill_json),
         "inter_node_bytes": inter,
         "inter_node_bytes_vs_linear": (inter / base_bytes) if base_bytes else float("nan"),
         "median_microbatch_inter_node_bytes": res_json["inter_node_bytes"]["median_microbatch"],
@@ -32,14 +43,19 @@ def sim_metrics(res_json: dict, base_bytes: float | None) -> dict:
     }
 
 
-def score_plan(plan: Plan, windows: Windows, cost: CostConfig | None = None,
-               batching: BatchConfig | None = None, rule: str = DEFAULT_RULE) -> dict:
-    """Simulate ``plan`` on the held-out window's scored rows (decode phase, the window's arrival order) with the
-    replica ``rule``; returns the decode PhaseResult JSON."""
+def score_plan_phases(plan: Plan, windows: Windows, cost: CostConfig | None = None,
+                      batching: BatchConfig | None = None, rule: str = DEFAULT_RULE) -> SimResult:
+    """Simulate ``plan`` on the held-out window's scored rows (prefill and decode, the window's arrival order)
+    with the replica ``rule``; held-out requests get homes from the plan's grouper, else round-robin."""
     homes = held_out_homes(plan, windows.held, windows.held_signal)
     ev = Plan(plan.placement, plan.cluster, homes, plan.strategy)
-    return simulate(scoring_trace(windows.held, windows.held_signal), ev, cost=cost, batching=batching,
-                    rule=rule).decode.to_json()
+    return simulate(scoring_trace(windows.held, windows.held_signal), ev, cost=cost, batching=batching, rule=rule)
+
+
+def score_plan(plan: Plan, windows: Windows, cost: CostConfig | None = None,
+               batching: BatchConfig | None = None, rule: str = DEFAULT_RULE) -> dict:
+    """The decode PhaseResult JSON of :func:`score_plan_phases`."""
+    return score_plan_phases(plan, windows, cost, batching, rule).decode.to_json()
 
 
 def planning_balance(plan: Plan, windows: Windows) -> float:

@@ -12,6 +12,7 @@ Shape legend: T = token rows, L = MoE layers, K = top-k, E = experts, Rq = reque
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from moeplace.placement import Plan
 from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
 from moeplace.plan.grouping import Grouper
-from moeplace.trace.store import DECODE, Requests, Trace
+from moeplace.trace.store import DECODE, PREFILL, Requests, Trace
 
 DEFAULT_PREFIX_TOKENS = 32
 ARRIVALS = ("table", "mixed")
@@ -90,13 +91,15 @@ def split_windows(trace: Trace, holdout: float = 0.25, split: str = "random", se
         ht = reorder_requests(ht, np.random.default_rng([seed, 1]).permutation(len(ht.requests)))
     work = workload_from_tokens(pt.tokens.request_id, pt.tokens.phase, pt.tokens.expert_ids,
                                 trace.meta.num_experts, prefix_tokens)
+    work = dataclasses.replace(work, model=trace.meta.model, hidden_size=trace.meta.hidden_size)
     hs = signal_rows(ht.tokens.request_id, ht.tokens.phase, prefix_tokens)
     return Windows(pt, ht, work, hs)
 
 
 def scoring_trace(held: Trace, signal: np.ndarray) -> Trace:
-    """The held-out rows that are scored: decode rows that are not signal."""
-    m = (~signal) & (held.tokens.phase == DECODE)
+    """The held-out rows that are scored: prefill rows, and decode rows that are not signal (a decode-only trace's
+    first decode rows stand for its prompt and are scored as neither)."""
+    m = (held.tokens.phase == PREFILL) | ((~signal) & (held.tokens.phase == DECODE))
     return Trace(held.meta, held.requests, held.tokens.select(m), None)
 
 

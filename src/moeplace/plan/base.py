@@ -12,6 +12,7 @@ placement is planned for (decode).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -33,6 +34,8 @@ class Workload:
     expert_ids: np.ndarray | None = None  # int16 [T, L, K]: routed experts, router order
     admission_rows: np.ndarray | None = None  # bool [T]: rows known when a request is admitted (its prefill,
     # or its first decode rows when it has none): what grouping may use; the other rows are traffic
+    model: str = ""  # the model the rows come from (a preset name fixes expert sizes for time objectives)
+    hidden_size: int | None = None  # elements per token vector (for time objectives); None: unknown
 
     def __post_init__(self) -> None:
         load = np.asarray(self.load, np.float64)
@@ -196,4 +199,5 @@ def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tu
     if t.tokens is None:
         return Workload(t.counts.counts.sum(axis=0)), info
     tk = t.tokens
-    return workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens), info
+    work = workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens)
+    return dataclasses.replace(work, model=t.meta.model, hidden_size=t.meta.hidden_size), info

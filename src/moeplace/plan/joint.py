@@ -424,8 +424,13 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                search_evals: int = DEFAULT_SEARCH_EVALS, time_limit: float | None = None,
                max_fit_requests: int = 4096, balance_rounds: int = 2, max_rows: int = 1 << 18,
                max_check_requests: int = 2048, folds: int = 64, robust: float = 0.3, penalty: float = PENALTY,
-               **_: object) -> StrategyResult:
-    """Registry adapter for the joint strategy (see the module docstring).
+               objective: str = "time", hidden_size: int | None = None, mode: str = "auto",
+               rule: str = "nearest-least-loaded", **_: object) -> StrategyResult:
+    """Registry adapter for the joint strategy.
+
+    objective: ``time`` (default; :mod:`moeplace.plan.joint_time`: predicted layer time per micro-batch, never
+    worse than EPLB on the planning window; uses seed, round_size, hidden_size, mode, rule and
+    max_check_requests) or ``bytes`` (this module's docstring: inter-node bytes under a balance floor).
 
     balance_floor: required balancedness (mean/max GPU load per layer, averaged) on the planning window.
     sample_tokens: traffic rows the local search measures exactly. search_evals: moves evaluated per layer over
@@ -436,6 +441,13 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     traffic rows, the simulator check replays ``max_check_requests`` of them, and every request of the window
     gets its home from the fitted grouper.
     """
+    if objective == "time":
+        from moeplace.plan.joint_time import plan_joint_time
+
+        return plan_joint_time(work, cluster, num_redundant, seed=seed, round_size=round_size,
+                               hidden_size=hidden_size, mode=mode, rule=rule, max_eval_requests=max_check_requests)
+    if objective != "bytes":
+        raise ValueError(f"joint: objective must be 'time' or 'bytes', got {objective!r}")
     if not 0.0 < balance_floor <= 1.0:
         raise ValueError(f"balance_floor must be in (0, 1], got {balance_floor}")
     if isinstance(search_evals, bool) or not isinstance(search_evals, (int, np.integer)) or search_evals < 0:

@@ -132,3 +132,44 @@ def build_layout(source: Trace | str, requests: Requests, home: np.ndarray, batc
             lay.mb_ids[p], lay.mb_tokens[p] = np.zeros(0, np.int64), np.zeros(0, np.int64)
     return lay
 
+
+def rank_within(group: np.ndarray) -> np.ndarray:
+    """int64 [T]: the rank of each row among the rows of its group, in row order. group: int [T]."""
+    g = np.asarray(group, np.int64)
+    order = np.argsort(g, kind="stable")
+    sg = g[order]
+    first = np.r_[0, np.flatnonzero(sg[1:] != sg[:-1]) + 1] if len(sg) else np.zeros(0, np.int64)
+    start = np.zeros(len(sg), np.int64)
+    if len(sg):
+        start[first] = first
+        start = np.maximum.accumulate(start)
+    out = np.empty(len(g), np.int64)
+    out[order] = np.arange(len(g)) - start
+    return out
+
+
+def window_microbatches(token_request: np.ndarray, prefill: np.ndarray, arrival: np.ndarray,
+                        batching: BatchConfig) -> np.ndarray:
+    """int64 [T]: micro-batch id of every row of a window given as arrays, as serving forms them.
+
+    token_request: int [T] request index of each row (rows in generation order within a request); prefill: bool [T]
+    rows of the prompt; arrival: int [Rq] request indices in arrival order. The rules of this module: prompts laid
+    end to end in arrival order and cut every ``prefill_tokens``; decode window = arrival rank // decode_batch,
+    step = the row's rank among its request's decode rows. Prefill and decode ids are separate spaces.
+    """
+    tr = np.asarray(token_request, np.int64)
+    pre = np.asarray(prefill, bool)
+    arr = np.asarray(arrival, np.int64)
+    Rq = len(arr)
+    pos = np.empty(Rq, np.int64)
+    pos[arr] = np.arange(Rq)
+    out = np.empty(len(tr), np.int64)
+    if pre.any():
+        n_pre = np.bincount(tr[pre], minlength=Rq)
+        start = np.zeros(Rq, np.int64)
+        start[arr] = np.cumsum(n_pre[arr]) - n_pre[arr]  # prompts end to end in arrival order
+        out[pre] = (start[tr[pre]] + rank_within(tr[pre])) // batching.prefill_tokens
+    dec = ~pre
+    if dec.any():
+        out[dec] = ((pos[tr[dec]] // batching.decode_batch) << DECODE_WINDOW_SHIFT) | rank_within(tr[dec])
+    return out
