@@ -40,6 +40,8 @@ def _params(args: argparse.Namespace) -> dict:
     kw = {"seed": args.seed}
     if getattr(args, "groups", None):
         kw["num_groups"] = args.groups
+    if getattr(args, "objective", None) is not None:
+        kw["objective"] = args.objective
     if getattr(args, "search_evals", None) is not None:
         kw["search_evals"] = args.search_evals
     if getattr(args, "time_limit", None) is not None:
@@ -130,6 +132,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "default 1 (global policy)")
     p.add_argument("--balance-floor", type=fraction, default=DEFAULT_BALANCE_FLOOR,
                    help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
+    p.add_argument("--objective", choices=("time", "bytes"), default=None,
+                   help="joint: minimise predicted MoE layer time per micro-batch (default; never slower than eplb "
+                        "on the planning window) or inter-node bytes under --balance-floor")
     p.add_argument("--search-evals", type=int_in(0, 10**9), default=None,
                    help=f"joint: moves its local searches evaluate per layer (default {DEFAULT_SEARCH_EVALS}); the "
                         "budget counts work, so the plan is the same on any machine")

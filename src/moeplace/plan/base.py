@@ -34,6 +34,7 @@ class Workload:
     expert_ids: np.ndarray | None = None  # int16 [T, L, K]: routed experts, router order
     admission_rows: np.ndarray | None = None  # bool [T]: rows known when a request is admitted (its prefill,
     # or its first decode rows when it has none): what grouping may use; the other rows are traffic
+    prefill_rows: np.ndarray | None = None  # bool [T]: rows of the prompt (prefill phase); None: unknown
     model: str = ""  # the model the rows come from (a preset name fixes expert sizes for time objectives)
     hidden_size: int | None = None  # elements per token vector (for time objectives); None: unknown
 
@@ -159,7 +160,8 @@ def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: 
         signal = signal | ((~has_prefill[inv]) & (rank < prefix_tokens))
     traffic = ~signal
     load = load_from_tokens(expert_ids[traffic] if traffic.any() else expert_ids, num_experts)
-    return Workload(load, uniq, inv.astype(np.int64), np.asarray(expert_ids), signal)
+    return Workload(load, uniq, inv.astype(np.int64), np.asarray(expert_ids), signal,
+                    prefill_rows=np.asarray(phase) == 0)
 
 
 def check_sizes(num_layers: int, num_experts: int, cluster: Cluster, num_redundant: int) -> tuple[int, int]:

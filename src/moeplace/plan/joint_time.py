@@ -70,12 +70,13 @@ def affinity_with_counts(use_node: np.ndarray, replica_count: np.ndarray, num_sl
                 held[n].append(e)
                 on[n, e] += 1
                 left[e] -= 1
-        for e in np.flatnonzero(left > 0):  # copies no node with room wanted: any node with room
-            for _ in range(int(left[e])):
-                n = min((n for n in range(N) if len(held[n]) < per_node and on[n, e] < G),
-                        key=lambda n: (len(held[n]), n))
-                held[n].append(int(e))
-                on[n, e] += 1
+        for e in np.flatnonzero(left > 0):  # copies no node with room wanted: any node with room, if one can
+            for _ in range(int(left[e])):  # take it (else the slot goes to fill_node_slots below)
+                room = [n for n in range(N) if len(held[n]) < per_node and on[n, e] < G]
+                if room:
+                    n = min(room, key=lambda n: (len(held[n]), n))
+                    held[n].append(int(e))
+                    on[n, e] += 1
         for n in range(N):
             out[layer, n] = fill_node_slots(held[n], u[n], per_node, G)
     p2l = out.reshape(L, P)
@@ -105,12 +106,14 @@ def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, p
     idx[requests] = np.arange(len(requests))
     tr = idx[work.token_request[sel]]
     ids = work.expert_ids[sel]
-    pre = work.admission_rows[sel]
+    # prefill: the prompt's rows; decode: the other rows, less a decode-only request's stand-in admission rows
+    pre = (work.prefill_rows if work.prefill_rows is not None else work.admission_rows)[sel]
+    dec = ~work.admission_rows[sel] & ~pre
     arrival = np.random.default_rng([arrival_seed, 7]).permutation(len(requests))
     mb = window_microbatches(tr, pre, arrival, batching)
     h = homes[requests][tr]
     total = np.zeros((2, work.num_layers))
-    for i, (phase, m) in enumerate((("prefill", pre), ("decode", ~pre))):
+    for i, (phase, m) in enumerate((("prefill", pre), ("decode", dec))):
         if m.any():
             _, met = simulate_rows(ids[m], h[m], mb[m], phase, phy2log, cluster, cost, model=work.model,
                                    rule=rule, num_experts=work.num_experts)

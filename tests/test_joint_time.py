@@ -1,0 +1,92 @@
+"""joint's time objective: micro-batches as serving forms them, the cross-validated choice, the EPLB fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moeplace.placement import Cluster
+from moeplace.plan import make_plan, workload_from_tokens
+from moeplace.plan.joint_time import window_layer_time
+from moeplace.simulate.batching import BatchConfig, window_microbatches
+from moeplace.simulate.cost import CostConfig
+
+
+def test_window_microbatches_follow_the_rules_by_loops():
+    rng = np.random.default_rng(0)
+    tr = np.sort(rng.integers(0, 9, 120))
+    pre = np.zeros(120, bool)
+    for r in range(9):  # each request: its first rows are its prompt
+        rows = np.flatnonzero(tr == r)
+        pre[rows[: len(rows) // 3]] = True
+    arrival = rng.permutation(9)
+    b = BatchConfig(decode_batch=4, prefill_tokens=7)
+    got = window_microbatches(tr, pre, arrival, b)
+    offset, seen_pre, seen_dec = 0, {}, {}
+    start = {}
+    for r in arrival:  # prompts end to end in arrival order
+        start[int(r)] = offset
+        offset += int((pre & (tr == r)).sum())
+    rank = {int(r): i for i, r in enumerate(arrival)}
+    for t in range(120):
+        r = int(tr[t])
+        if pre[t]:
+            k = seen_pre.get(r, 0)
+            seen_pre[r] = k + 1
+            assert got[t] == (start[r] + k) // 7
+        else:
+            k = seen_dec.get(r, 0)
+            seen_dec[r] = k + 1
+            assert got[t] == ((rank[r] // 4) << 32 | k)
+
+
+def clustered(seed: int, n_req: int = 64, L: int = 3, E: int = 16, K: int = 2, per_req: int = 40):
+    """Requests of 4 kinds, each sending 90% of its tokens to its own quarter of the experts (synthetic)."""
+    rng = np.random.default_rng(seed)
+    rid, phase, ids = [], [], []
+    for r in range(n_req):
+        pref = np.arange(r % 4 * E // 4, (r % 4 + 1) * E // 4)
+        for t in range(per_req):
+            rid.append(r)
+            phase.append(0 if t < 10 else 1)
+            ids.append([rng.choice(pref if rng.random() < 0.9 else np.arange(E), K, replace=False)
+                        for _ in range(L)])
+    return workload_from_tokens(np.array(rid), np.array(phase, np.int8), np.array(ids, np.int16), E)
+
+
+def test_joint_is_eplb_or_beats_it_out_of_sample_in_every_fold_and_phase():
+    work = clustered(1)
+    for cluster in (Cluster(2, 2), Cluster(4, 1)):
+        plan = make_plan("joint", work, cluster, 4, hidden_size=7168)
+        cv = plan.extra["cv_time_vs_eplb"]
+        if plan.fallback is None:
+            assert all(x < 1.0 for x in cv), cv
+        else:
+            assert plan.fallback.used == "eplb" and any(x >= 1.0 for x in cv)
+            assert plan.placement.phy2log.tolist() == make_plan("eplb", work, cluster, 4).placement.phy2log.tolist()
+        assert plan.cost_model is not None and plan.cost_model.objective == "layer_time"
+
+
+def test_joint_beats_eplb_on_new_requests_of_a_clustered_workload():
+    """Planned on one synthetic window, scored on another drawn from the same mix: grouping pays off here."""
+    work, new = clustered(2), clustered(3)
+    cluster = Cluster(2, 2)
+    joint = make_plan("joint", work, cluster, 4, hidden_size=7168)
+    assert joint.fallback is None
+    eplb = make_plan("eplb", work, cluster, 4)
+    from moeplace.evaluate.windows import plan_grouper
+    from moeplace.plan.joint import feature_layers, signal_features
+
+    g = plan_grouper(joint)
+    homes = g.assign_features(signal_features(new, np.arange(new.num_requests), feature_layers(3, 16)))
+    rr = np.arange(new.num_requests) % 4
+    cost, b = CostConfig(hidden_size=7168), BatchConfig(decode_batch=16, prefill_tokens=256)
+    req = np.arange(new.num_requests)
+    t_joint = window_layer_time(new, req, homes, joint.placement.phy2log, cluster, cost, b, 0, "nearest-least-loaded")
+    t_eplb = window_layer_time(new, req, rr, eplb.placement.phy2log, cluster, cost, b, 0, "nearest-least-loaded")
+    assert t_joint.sum(1)[0] < t_eplb.sum(1)[0] and t_joint.sum(1)[1] < t_eplb.sum(1)[1]  # prefill and decode
+
+
+def test_bytes_objective_is_still_available():
+    work = clustered(4, n_req=24)
+    plan = make_plan("joint", work, Cluster(2, 2), 4, objective="bytes", search_evals=200, iters=1)
+    assert plan.balance is not None
