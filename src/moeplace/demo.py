@@ -21,7 +21,8 @@ class DemoConfig:
 
     trace: Path  # trace directory (the bundled default trace unless given)
     out: Path  # folder for the reports
-    cluster: str = "4x2"  # NODESxGPUS
+    cluster: str = "4x2"  # NODESxGPUS, or NODES with cluster_preset
+    cluster_preset: str | None = None  # links, HBM and FLOP rate from a preset (docs/PRESETS.md); None: defaults
     redundant: int = 8  # redundant slots per layer
     strategies: tuple[str, ...] = ()  # strategies to compare (empty: all registered)
     export_strategy: str = "joint"  # strategy planned on the whole trace and exported
@@ -30,21 +31,43 @@ class DemoConfig:
     progress: bool = True  # progress bars and lines
 
 
+def in_users_terms(cmp: dict, nodes: int, gpus_per_node: int, links: str, hidden: int | None) -> str:
+    """One sentence: how much faster (or slower) joint's MoE layers are than EPLB's on held-out requests."""
+    rows = cmp["strategies"]
+    if "joint" not in rows or "eplb" not in rows:
+        return "(compare joint and eplb to see the headline)"
+    j = rows["joint"]
+    parts = []
+    for ph in ("prefill", "decode"):
+        r = j.get(f"{ph}_layer_time_vs_eplb")
+        if r is None:
+            continue
+        if abs(r - 1) < 5e-4:
+            parts.append(f"as fast as EPLB's for {ph}")
+        else:
+            parts.append(f"{abs(1 - r):.1%} {'faster' if r < 1 else 'slower'} than EPLB's for {ph}")
+    fb = j.get("fallback")
+    why = (" (joint kept EPLB's plan: no grouped plan beat it out of sample on the planning window)" if fb else "")
+    return (f"On {nodes} nodes x {gpus_per_node} GPUs ({links}), with {hidden}-element token vectors, joint's MoE "
+            f"layers are {' and '.join(parts)} on {cmp['held_out_requests']} held-out requests "
+            f"(arrival order: {cmp['arrival']}){why}.")
+
+
 def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     """Run the pipeline of the module docstring; ``say`` gets every line to show. Returns {"compare": ...,
     "outputs": [paths written]}."""
     from moeplace.analyse.summary import analyse_trace, format_summary
     from moeplace.evaluate import compare, format_table
-    from moeplace.placement import Cluster
     from moeplace.plan import STRATEGIES, get_strategy, make_plan
     from moeplace.plan.base import workload_from_trace
     from moeplace.plan.export import export_plan
+    from moeplace.presets import cluster_from_spec, get_cluster_preset
     from moeplace.report import write_report
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.store import trace_info
 
-    cluster = Cluster.parse(cfg.cluster)
+    cluster = cluster_from_spec(cfg.cluster, cfg.cluster_preset)
     names = list(cfg.strategies) or list(STRATEGIES)
     for n in [*names, cfg.export_strategy]:
         get_strategy(n)
@@ -77,12 +100,16 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
             say(f"  {msg} ...")
 
     cmp = compare(read_trace(cfg.trace), cluster, cfg.redundant, names, holdout=cfg.holdout, seed=cfg.seed,
-                  progress=step)
+                  progress=step, arrival="mixed")
     written.append(atomic_write_json(cmp, out / "compare.json"))
     say(f"  planned on {cmp['planning_requests']} requests, scored on {cmp['held_out_requests']} held-out "
         f"requests ({cmp['scored_tokens']} decode tokens, arrival order: {cmp['arrival']})")
     say(format_table(cmp))
     say(f"  ({time.perf_counter() - t0:.1f} s) wrote {out / 'compare.json'}")
+    links = (get_cluster_preset(cfg.cluster_preset).note if cfg.cluster_preset else
+             f"default links: {cluster.intra_bw / 1e9:.0f} GB/s inside a node, {cluster.inter_bw / 1e9:.0f} GB/s "
+             "between nodes per GPU")
+    say("\n" + in_users_terms(cmp, cluster.num_nodes, cluster.gpus_per_node, links, meta.hidden_size))
 
     best = cfg.export_strategy
     t0 = stage(4, f"plan '{best}' on the whole trace and export it")

@@ -9,15 +9,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moeplace.cli import MAX_REDUNDANT, cluster_spec, float_in, int_in, output_dir
+from moeplace.cli import MAX_REDUNDANT, float_in, int_in, output_dir
 from moeplace.data import default_trace_path
 from moeplace.demo import DemoConfig, run_demo
+from moeplace.presets import CLUSTER_PRESETS
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(Path(args.trace) if args.trace else default_trace_path(), Path(args.out), args.cluster,
-                     args.redundant, tuple(args.strategies.split(",")) if args.strategies else (),
-                     args.export_strategy, args.holdout, args.seed, not args.quiet)
+                     args.cluster_preset, args.redundant,
+                     tuple(args.strategies.split(",")) if args.strategies else (), args.export_strategy,
+                     args.holdout, args.seed, not args.quiet)
     run_demo(cfg, say=lambda msg: print(msg, flush=True))
     return 0
 
@@ -28,13 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run the whole pipeline on the bundled default trace (or --trace): trace info, analysis "
                     "(JSON + HTML report), every placement strategy planned on one window and scored by the "
                     "simulator on held-out requests, and the chosen plan exported for SGLang and vLLM.",
-        epilog="example:\n  moeplace demo --out out/demo --cluster 4x2 --redundant 8",
+        epilog="examples:\n  moeplace demo --out out/demo --cluster 4x2 --redundant 8\n"
+               "  moeplace demo --cluster 4 --cluster-preset h200-8 --redundant 32",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=output_dir, default="out/demo",
                    help="folder for the demo's reports (default: out/demo)")
     p.add_argument("--trace", default=None, help="trace to run on (default: the bundled default trace)")
-    p.add_argument("--cluster", type=cluster_spec, default="4x2", help="NODESxGPUS (default: 4x2)")
+    p.add_argument("--cluster", default="4x2",
+                   help="NODESxGPUS (default: 4x2), or NODES with --cluster-preset (e.g. --cluster 4 "
+                        "--cluster-preset h200-8)")
+    p.add_argument("--cluster-preset", choices=sorted(CLUSTER_PRESETS), default=None,
+                   help="links, HBM and FLOP rate of a GPU system (docs/PRESETS.md; default: generic links)")
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=8,
                    help="redundant slots per layer (default: 8)")
     p.add_argument("--strategies", default=None, help="comma-separated strategies to compare (default: all)")

@@ -77,6 +77,7 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
         plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window", **kw)
         res = score_plan_phases(plan, win, cost=cost)
         row = sim_metrics(res.decode.to_json(), base_bytes, res.prefill.to_json())
+        row["fallback"] = None if plan.fallback is None else plan.fallback.to_json()
         row["plan_seconds"] = plan.plan_seconds
         row["planning_balancedness"] = planning_balance(plan, win)
         row["wall_seconds"] = time.perf_counter() - t0
