@@ -128,7 +128,8 @@ def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
         out.append(f'<g class="point" data-strategy="{_esc(p["name"])}" data-x="{p["x"]!r}" data-y="{p["y"]!r}">'
                    f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5.5" fill="{p["color"]}" fill-opacity="0.7" '
                    f'stroke="{p["color"]}"><title>{_esc(p["tip"])}</title></circle>'
-                   f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" style="fill:{p["color"]}">{_esc(p["name"])}</text></g>')
+                   f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" style="fill:{p["color"]}">'
+                   f'{_esc(p["name"])}</text></g>')
     out.append("</svg>")
     return "".join(out)
 
@@ -168,7 +169,8 @@ def _bars(load: list[float], gpus_per_node: int, ymax: float, strategy: str, pha
 
 
 def _heatmap(M: np.ndarray, vmax: float, group: int, strategy: str, phase: str, unit: str) -> str:
-    """M: [n, n] bytes source (row) -> destination (column); ``group`` rows per node (1 for a node matrix)."""
+    """M: [n, n] bytes source (row) -> destination (column); ``group`` rows per node (1 for a node matrix, whose
+    diagonal is intra-node traffic; a GPU matrix's diagonal stays on the GPU and is drawn grey)."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
 
@@ -189,8 +191,9 @@ def _heatmap(M: np.ndarray, vmax: float, group: int, strategy: str, phase: str, 
                        f'<text x="{ml - 3}" y="{mt + (i + 0.6) * c:.1f}" font-size="9" text-anchor="end">{i}</text>')
         for j in range(n):
             v = float(M[i, j])
-            fill = "#eeeeee" if i == j else to_hex(cmap(0.05 + 0.95 * v / vmax if vmax > 0 else 0.05))
-            cross = "inter-node" if i // group != j // group else ("intra-node" if i != j else "same " + unit)
+            own = i == j and unit == "GPU"
+            fill = "#eeeeee" if own else to_hex(cmap(0.05 + 0.95 * v / vmax if vmax > 0 else 0.05))
+            cross = "inter-node" if i // group != j // group else ("same GPU" if own else "intra-node")
             out.append(f'<rect class="cell" data-src="{i}" data-dst="{j}" data-value="{v!r}" x="{ml + j * c:.1f}" '
                        f'y="{mt + i * c:.1f}" width="{c:.1f}" height="{c:.1f}" fill="{fill}">'
                        f"<title>{unit} {i} -> {unit} {j} ({cross}): {_bytes(v)}</title></rect>")
@@ -293,20 +296,21 @@ def _traffic(result: dict, cluster: Cluster) -> str:
     parts = []
     for ph in _phases(result):
         key = _KEYS[ph][1]
-        mats = {}
+        mats, split = {}, {}
         for n, r in rows.items():
             if r.get(key) is None:
                 continue
             M = np.asarray(r[key], dtype=np.float64)  # [W, W]
             if M.shape != (W, W):
                 raise ValueError(f"strategy {n!r}: {key} has shape {M.shape}; expected ({W}, {W}) for {cluster.spec()}")
+            node = np.arange(W) // G
+            cross = node[:, None] != node[None, :]
+            split[n] = float(M[cross].sum()), float(M[~cross].sum() - np.trace(M))  # inter-, intra-node bytes
             mats[n] = M.reshape(N, G, N, G).sum((1, 3)) if by_node else M
         vmax = max(float(M.max()) for M in mats.values()) if mats else 0.0
         panels = []
         for n, M in mats.items():
-            node = np.arange(M.shape[0]) // (1 if by_node else G)
-            cross = node[:, None] != node[None, :]
-            inter, intra = float(M[cross].sum()), float(M[~cross].sum() - np.trace(M))
+            inter, intra = split[n]
             cap = f"{n}: inter-node {_bytes(inter)}, intra-node {_bytes(intra)}"
             panels.append(f'<div class="panel" data-inter-node-bytes="{inter!r}"><h3>{_esc(n)}</h3>'
                           f'{_heatmap(M, vmax, 1 if by_node else G, n, ph, "node" if by_node else "GPU")}'
