@@ -100,6 +100,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         atomic_write_json(res, args.json)
         print(f"wrote {args.json}")
+    if args.html:
+        from moeplace.evaluate.html import write_compare_html
+
+        write_compare_html(res, args.html)
+        print(f"wrote {args.html}")
     return 0
 
 
@@ -174,7 +179,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "simulator on a disjoint held-out window (decode rows). Grouping strategies give held-out "
                     "requests homes online from their prefill (or first decode tokens); others use round-robin.",
         epilog="example:\n  moeplace compare gpt-oss.trace --cluster 4x2 --redundant 8 --sweep-floor 0.9,0.95,0.97 "
-               "--plot frontier.png --json compare.json",
+               "--plot frontier.png --json compare.json --html compare.html",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("trace", help="per-token trace directory")
@@ -191,6 +196,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plot", type=output_file,
                    help="PNG of the frontier (inter-node bytes vs balancedness); needs --sweep-floor")
     c.add_argument("--json", type=output_file, help="write the results JSON here")
+    c.add_argument("--html", type=output_file,
+                   help="write a self-contained HTML report here: the frontier (time, bytes, balancedness), per-GPU "
+                        "load bars and traffic heatmaps of every strategy")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     _common(c)
     c.set_defaults(func=cmd_compare, check=_check_compare)

@@ -1,6 +1,6 @@
 """Evaluation: where a plan meets held-out requests. Window splits and arrival order (:mod:`.windows`), scoring a
-plan with the simulator (:mod:`.score`), comparing strategies and the bytes-vs-balance frontier (:mod:`.compare`).
-The CLI, the demo and bench/ all go through this package.
+plan with the simulator (:mod:`.score`), comparing strategies and the bytes-vs-balance frontier (:mod:`.compare`),
+and the compare answer as an HTML page (:mod:`.html`). The CLI, the demo and bench/ all go through this package.
 """
 
 from moeplace.evaluate.compare import compare, format_table, plot_frontier, run_compare, sweep_floor

@@ -15,6 +15,9 @@ Protocol (``moeplace compare``; the frontier sweep re-plans joint at several bal
 4. The simulator replays the held-out window's decode rows (default replica rule, per-GPU dedup) for every plan;
    ``inter_node_bytes_vs_linear`` divides by the linear placement (same redundant slots, round-robin homes) on
    the same rows.
+5. Each row also keeps the per-GPU load (``load_per_gpu``: token-expert pairs over all layers, [W]) and the
+   traffic matrix (``traffic_matrix_bytes``: bytes source GPU -> destination GPU, [W, W]) of the decode phase, and
+   of prefill under ``prefill_`` names (None without prefill rows); :mod:`moeplace.evaluate.html` draws them.
 """
 
 from __future__ import annotations
@@ -76,7 +79,14 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
             kw.setdefault("mode", cost.mode)
         plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window", **kw)
         res = score_plan_phases(plan, win, cost=cost)
-        row = sim_metrics(res.decode.to_json(), base_bytes, res.prefill.to_json())
+        dec, pre = res.decode.to_json(), res.prefill.to_json()
+        row = sim_metrics(dec, base_bytes, pre)
+        # per-GPU pictures for the HTML report: load [W] (pairs, summed over layers) and bytes [W, W] (source ->
+        # destination, dispatch + combine, per-GPU dedup); prefill's are None when no prefill rows were scored
+        has_pre = pre["num_microbatches"] > 0
+        row["load_per_gpu"], row["traffic_matrix_bytes"] = dec["load_per_gpu"], dec["traffic_matrix_bytes"]
+        row["prefill_load_per_gpu"] = pre["load_per_gpu"] if has_pre else None
+        row["prefill_traffic_matrix_bytes"] = pre["traffic_matrix_bytes"] if has_pre else None
         row["fallback"] = None if plan.fallback is None else plan.fallback.to_json()
         row["plan_seconds"] = plan.plan_seconds
         row["planning_balancedness"] = planning_balance(plan, win)
@@ -113,20 +123,24 @@ def sweep_floor(trace: Trace, cluster: Cluster, num_redundant: int, result: dict
     return frontier
 
 
+def format_cell(key: str, value: float | None, fmt: str) -> str | None:
+    """One :data:`TABLE_COLUMNS` cell as its heading's unit shows it (KB, microseconds); None when missing."""
+    if value is None:
+        return None
+    if key == "max_per_peer_bytes":
+        value = value / 1e3
+    if key.endswith("layer_time_s"):
+        value = value * 1e6
+    return fmt.format(value)
+
+
 def format_table(result: dict) -> str:
     """The compare answer as a fixed-width text table, one row per strategy."""
     head = f"{'strategy':<20}" + "".join(f"{h:>12}" for _, h, _ in TABLE_COLUMNS)
     lines = [head, "-" * len(head)]
     for name, row in result["strategies"].items():
-        cells = []
-        for key, _, fmt in TABLE_COLUMNS:
-            v = row.get(key)
-            if key == "max_per_peer_bytes" and v is not None:
-                v = v / 1e3
-            if key.endswith("layer_time_s") and v is not None:
-                v = v * 1e6
-            cells.append(f"{fmt.format(v):>12}" if v is not None else f"{'-':>12}")
-        lines.append(f"{name:<20}" + "".join(cells))
+        cells = [format_cell(key, row.get(key), fmt) for key, _, fmt in TABLE_COLUMNS]
+        lines.append(f"{name:<20}" + "".join(f"{c if c is not None else '-':>12}" for c in cells))
     return "\n".join(lines)
 
 
