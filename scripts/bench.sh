@@ -22,6 +22,7 @@ run joint_speed
 run capture_overhead
 run kernel_validation
 run operate_policies
+run operate_overhead
 if [ -d ../shared/data/gpt-oss-20b ]; then
   run plan_compare
 else

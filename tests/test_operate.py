@@ -163,7 +163,7 @@ def test_counters_against_plain_loops(tmp_path):
             c = np.bincount(tk.expert_ids[rows, li].ravel(), minlength=E)
             cap = int(np.floor(1.0 * c.sum() / E))
             dropped += sum(max(0, int(x) - cap) for x in c)
-    assert wc.steps == len(groups) and wc.dropped == dropped and wc.pairs == len(tk) * 2
+    assert wc.steps == len(groups) and wc.dropped == dropped and wc.pairs == len(tk) * L * 2
 
 
 # ------------------------------------------------------------------------------------------------ streams

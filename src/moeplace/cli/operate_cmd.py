@@ -1,11 +1,12 @@
-"""``moeplace operate``: replay a stream of routing through the live loop: counters, Prometheus metrics, the
-dashboard, a rebalance policy, migration plans and engine exports."""
+"""``moeplace operate``: run a stream of routing through the live loop: counters, Prometheus metrics, the
+dashboard, a rebalance policy, migration plans and engine exports. The stream is a trace replayed (``STREAM``), or
+routing produced as it happens by a model's ``generate`` (``--source live --model reference --prompts builtin``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from moeplace.cli import MAX_REDUNDANT, float_in, int_in, output_dir, output_file
+from moeplace.cli import MAX_REDUNDANT, device_spec, float_in, int_in, output_dir, output_file
 
 
 def cmd_operate(args: argparse.Namespace) -> int:
@@ -18,7 +19,18 @@ def cmd_operate(args: argparse.Namespace) -> int:
                         args.sample_every, args.capacity_factor, args.model_preset, args.weight_bytes,
                         BatchConfig(args.decode_batch, args.prefill_tokens), args.rule, args.dedup,
                         args.step_seconds)
-    stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests)
+    if args.source == "live":
+        if args.stream is not None or args.model is None or args.prompts is None:
+            raise ValueError("--source live takes --model and --prompts (and no STREAM): e.g. --source live "
+                             "--model reference --prompts builtin --max-new-tokens 32")
+        from moeplace.operate.live import open_live
+
+        stream = open_live(args.model, args.prompts, args.window_requests, args.max_new_tokens, args.batch_size,
+                           args.max_requests, args.device)
+    else:
+        if args.stream is None:
+            raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
+        stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests)
     params = {}
     if args.period_steps is not None:
         params["period_steps"] = args.period_steps
@@ -49,8 +61,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="policies:\n" + "\n".join(f"  {k:18s} {v[0]}" for k, v in POLICIES.items()) + "\n\nexample:\n"
         "  moeplace operate src/moeplace/data/reference-default.trace --order drift --cluster 4 "
-        "--cluster-preset h200-8 --redundant 32 --model-preset gpt-oss-20b --policy moeplace --json out.json")
-    p.add_argument("stream", metavar="STREAM", help="a per-token trace directory to replay")
+        "--cluster-preset h200-8 --redundant 32 --model-preset gpt-oss-20b --policy moeplace --json out.json\n"
+        "  moeplace operate --source live --model reference --prompts builtin --max-requests 64 --max-new-tokens 32 "
+        "--window-requests 32 --decode-batch 32 --cluster 4 --cluster-preset h200-8 --model-preset gpt-oss-20b")
+    p.add_argument("stream", metavar="STREAM", nargs="?", help="a per-token trace directory to replay "
+                   "(--source trace)")
+    p.add_argument("--source", choices=("trace", "live"), default="trace",
+                   help="trace: replay STREAM; live: routing of --model's generate on --prompts, as it happens")
+    p.add_argument("--model", metavar="DIR", help="--source live: 'reference' (the bundled reference MoE) or a "
+                   "local Hugging Face model directory")
+    p.add_argument("--prompts", metavar="FILE", help="--source live: 'builtin' (the reference held-out prompts) or "
+                   "a JSONL file of {\"prompt\": ..., \"domain\": ...}")
+    p.add_argument("--max-requests", type=int_in(1, 1 << 24), help="--source live: the first N prompts only")
+    p.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), default=32, help="--source live: tokens "
+                   "generated per request (default 32)")
+    p.add_argument("--batch-size", type=int_in(1, 4096), default=8, help="--source live: requests per generate "
+                   "call (default 8, as trace record)")
+    p.add_argument("--device", type=device_spec, default="cpu", help="--source live: torch device (default cpu)")
     p.add_argument("--order", choices=STREAM_ORDERS, default="table",
                    help="arrival order: table (as stored), dataset, domain, or drift (a seeded drift built from it)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of --order drift")

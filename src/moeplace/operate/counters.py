@@ -29,7 +29,7 @@ class WindowCounts:
     sampled: np.ndarray  # int64 [D, L, E]: sampled token-expert selections per domain
     sample_every: int  # n of 1-in-n sampling
     tokens: np.ndarray  # int64 [D]: token rows per domain (all rows, not sampled)
-    pairs: int  # token-expert pairs routed (all rows)
+    pairs: int  # token-expert pairs routed (all rows, summed over layers: T x L x K)
     dropped: int  # pairs above capacity (all rows)
     steps: int  # micro-batches (forward passes) of the window, prefill and decode
 
@@ -89,4 +89,4 @@ def count_window(window: Trace, home: np.ndarray, batching: BatchConfig, sample_
                           minlength=B * L * E).reshape(B, L, E)
         cap = np.floor(capacity_factor * cnt.sum(2, keepdims=True) / E).astype(np.int64)
         dropped = int(np.maximum(cnt - cap, 0).sum())
-    return WindowCounts(doms, sampled, int(sample_every), tokens, int(T * K), dropped, B)
+    return WindowCounts(doms, sampled, int(sample_every), tokens, int(T * L * K), dropped, B)

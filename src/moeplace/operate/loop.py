@@ -32,8 +32,8 @@ from moeplace.operate.counters import count_window
 from moeplace.operate.migration import MigrationPlan, expert_bytes, migration_plan
 from moeplace.operate.policies import Context, Observation, Policy, PolicyState, make_policy
 from moeplace.operate.streams import Stream
-from moeplace.placement import Cluster, Placement, Plan
-from moeplace.plan.export import export_plan
+from moeplace.placement import Cluster, ModelLayers, Placement, Plan
+from moeplace.plan.export import export_plan, layers_of_trace
 from moeplace.presets import ModelPreset, find_model, get_model
 from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
 from moeplace.simulate.routing import mean_balancedness
@@ -166,8 +166,11 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
     ctx = Context(cfg.cluster, P, xbytes, cfg.num_groups)
     state = PolicyState(placement.phy2log.copy())
     version = 0
+    # the model's layer layout for the SGLang export: the trace's moe_layer_map; a trace without one is taken to
+    # have every decoder layer an MoE layer (recorded in params)
+    layers = layers_of_trace(meta) or ModelLayers(tuple(range(L)), L)
     plan = Plan(placement, cfg.cluster, strategy=f"operate:{pol.name}", planned_on=stream.label,
-                extra={"operate_version": version})
+                extra={"operate_version": version}, model_layers=layers)
     writer = PlanWriter(Path(out) if out is not None else None)
     writer.write(plan, None, {})
     params = {"stream": stream.info, "cluster": cfg.cluster.spec(), "num_redundant": cfg.num_redundant,
@@ -175,6 +178,7 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
               "capacity_factor": cfg.capacity_factor, "model_preset": preset.name, "expert_bytes": xbytes,
               "hidden_size": preset.hidden_size, "decode_batch": cfg.batching.decode_batch,
               "prefill_tokens": cfg.batching.prefill_tokens, "rule": cfg.rule, "dedup": cfg.dedup,
+              "model_layers": {**layers.to_json(), "assumed": meta.moe_layer_map is None},
               "policy": {k: v for k, v in asdict(pol).items() if k != "last"}}
     reports: list[WindowReport] = []
     layer_total = mig_time = mig_bytes = 0.0
@@ -232,7 +236,8 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
             state.load_since_change = None
             plan_since = steps
             plan = Plan(Placement(state.phy2log, E, W), cfg.cluster, strategy=f"operate:{pol.name}",
-                        planned_on=stream.label, extra={"operate_version": version, "decided_after_window": w})
+                        planned_on=stream.label, extra={"operate_version": version, "decided_after_window": w},
+                        model_layers=layers)
             info = {"version": version, "decided_after_window": w, "steps": steps,
                     "decision": dict(getattr(pol, "last", {}))}
             writer.write(plan, mig, info)
