@@ -9,6 +9,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_data
+from spec_sglang_recorder import LOGITS as SGL_LOGITS
+from spec_sglang_recorder import PER_TOKEN as SGL_PER_TOKEN
+from spec_sglang_recorder import STAT as SGL_STAT
+from spec_sglang_recorder import TRUTH as SGL_TRUTH
+from spec_sglang_recorder import check_imports as check_sglang_imports
+from spec_sglang_recorder import load_truth
 
 from moeplace.cli import main
 from moeplace.trace import DECODE, PREFILL, TraceError, read_counts, read_meta, read_trace
@@ -391,6 +397,15 @@ def test_sglang_stat_errors(tmp_path):
     torch.save(dict(records=[], last_physical_to_logical_map=P2L), f)
     with pytest.raises(TraceError, match="missing key 'logical_count'.*sglang-per-token"):
         import_sglang_stat(f, tmp_path / "c.trace")
+
+
+def test_sglang_recorder_dumps_from_sglang_itself(tmp_path):
+    """Dumps written by SGLang 0.5.23's own recorder (per_token and stat; committed fixtures, made by
+    tests/interop/sglang_engine.py record): ids, phases, requests and counts are the top-k of the logits the
+    engine was given, through a placement with redundant replicas and 2 dense layers."""
+    truth, logits = load_truth(SGL_TRUTH, SGL_LOGITS)
+    seen = check_sglang_imports(SGL_PER_TOKEN, SGL_STAT, truth, logits, tmp_path)
+    assert seen["per_token"]["tokens"] == 19 and seen["stat"]["passes"] == 4
 
 
 # --------------------------------------------------------------------------------------------------- errors, CLI

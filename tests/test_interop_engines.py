@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spec_sglang_recorder import LOGITS as SGL_LOGITS
+from spec_sglang_recorder import TRUTH as SGL_TRUTH
+from spec_sglang_recorder import check_imports, load_truth
 
 from moeplace.placement import Cluster, ModelLayers, Placement, Plan
 from moeplace.plan.eplb import rebalance
@@ -128,17 +131,24 @@ DEEPSEEK_V3_SMALL = {  # DeepSeek-V3's architecture at toy size: 6 decoder layer
 }
 
 
+def _sglang_model_and_export(tmp_path: Path, W: int, R: int) -> Plan:
+    """tmp_path/ds/config.json (DEEPSEEK_V3_SMALL) and tmp_path/init.json: the SGLang export of a plan with R
+    redundant slots over W GPUs, saved and loaded first (the layout must survive the plan file)."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "config.json").write_text(json.dumps(DEEPSEEK_V3_SMALL))
+    plan = _plan(L=4, E=16, R=R, cluster=Cluster(1, W), seed=1, layers=ModelLayers((2, 3, 4, 5), 6))
+    plan = Plan.load(plan.save(tmp_path / "plan.json"))
+    export_plan(plan, "sglang", tmp_path / "init.json")
+    return plan
+
+
 def test_sglang_loads_the_export_on_every_rank_with_dense_layers(tmp_path):
     """A plan over the 4 MoE layers of a model whose first 2 layers are dense, exported without --trace (the plan
     records its layout): SGLang's compute_initial_expert_location_metadata expects 6 rows, gets 6, and on every
     rank builds maps whose MoE rows are the plan's phy2log / log2phy; its static dispatch picks slots that hold
     the expert."""
-    (tmp_path / "ds").mkdir()
-    (tmp_path / "ds" / "config.json").write_text(json.dumps(DEEPSEEK_V3_SMALL))
     W, R = 4, 4
-    plan = _plan(L=4, E=16, R=R, cluster=Cluster(1, W), seed=1, layers=ModelLayers((2, 3, 4, 5), 6))
-    plan = Plan.load(plan.save(tmp_path / "plan.json"))
-    export_plan(plan, "sglang", tmp_path / "init.json")
+    plan = _sglang_model_and_export(tmp_path, W, R)
     res = run_engine("sglang", "init", str(tmp_path / "ds"), str(tmp_path / "init.json"), str(W), str(R))
     assert res["sglang"].startswith("0.5.23")
     assert (res["num_layers"], res["num_logical_experts"]) == (6, 16)
@@ -155,6 +165,32 @@ def test_sglang_loads_the_export_on_every_rank_with_dense_layers(tmp_path):
         np.testing.assert_array_equal(np.asarray(rank["num_valid"])[2:], pl.replica_count)
         disp = np.asarray(rank["dispatch"])[2:]  # [L, E] physical slot each expert is sent to from this rank
         np.testing.assert_array_equal(np.take_along_axis(pl.phy2log, disp, 1), np.tile(np.arange(16), (4, 1)))
+
+
+def test_sglang_recorder_dumps_import(tmp_path):
+    """SGLang's expert-distribution recorder (per_token and stat modes), fed by its own select_experts with dynamic
+    dispatch over the export's replicas, writes dumps that `moeplace trace import --format sglang-per-token` /
+    `sglang-stat` turn into exactly the top-k of the router logits (ids in router order, phases, one request per
+    extend sequence / decode token, per-pass counts); the committed fixtures are what this produces."""
+    plan = _sglang_model_and_export(tmp_path, 4, 4)
+    res = {}
+    for mode in ("per_token", "stat"):
+        res[mode] = run_engine("sglang", "record", str(tmp_path / "ds"), str(tmp_path / "init.json"), "4", "4", mode,
+                               str(tmp_path / mode))
+        assert res[mode]["sglang"].startswith("0.5.23") and len(res[mode]["dumps"]) == 1
+        np.testing.assert_array_equal(np.asarray(res[mode]["physical_to_logical_map"])[2:], plan.placement.phy2log)
+    truth = res["per_token"]
+    with np.load(tmp_path / "per_token" / "logits.npz") as z:
+        logits = {k: z[k] for k in z.files}
+    check_imports(tmp_path / "per_token" / truth["dumps"][0], tmp_path / "stat" / res["stat"]["dumps"][0], truth,
+                  logits, tmp_path)
+    # the committed fixtures hold the same logits and schedule (regenerate them with sglang_engine.py record if not)
+    committed, committed_logits = load_truth(SGL_TRUTH, SGL_LOGITS)
+    assert [(p["forward_mode"], p["seq_lens"]) for p in committed["schedule"]] == \
+        [(p["forward_mode"], p["seq_lens"]) for p in truth["schedule"]]
+    assert committed_logits.keys() == logits.keys()
+    for k in logits:
+        np.testing.assert_array_equal(committed_logits[k], logits[k])
 
 
 if __name__ == "__main__":
