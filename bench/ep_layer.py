@@ -121,6 +121,11 @@ def load_traces(tmp: Path, quick: bool) -> dict:
     return out
 
 
+def redundant_for(num_experts: int, world_size: int, at_least: int) -> int:
+    """The fewest redundant slots >= at_least that fill every GPU alike ((E + R) % W == 0)."""
+    return at_least + (-(num_experts + at_least)) % world_size
+
+
 def plans_for(trace, cluster, args) -> tuple[dict, object]:
     """Plan every strategy on the planning window (``cluster``: the calibrated time model); returns
     ({name: plan with held-out homes}, scoring)."""
@@ -134,7 +139,8 @@ def plans_for(trace, cluster, args) -> tuple[dict, object]:
     for name in args.strategies:
         kw = {"hidden_size": args.hidden, "mode": "deepep-normal" if args.two_hop else "nccl"} \
             if name == "joint" else {}
-        p = make_plan(name, win.plan_work, cluster, args.redundant, **kw)
+        p = make_plan(name, win.plan_work, cluster, redundant_for(trace.meta.num_experts, cluster.world_size,
+                                                                  args.redundant), **kw)
         homes = held_out_homes(p, win.held, win.held_signal)
         plans[name] = Plan(p.placement, cluster, homes, name, p.plan_seconds)
     return plans, scoring
@@ -290,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--skip", type=int, default=40, help="decode micro-batches skipped first (steady state)")
     ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--redundant", type=int, default=4, help="redundant slots per layer")
+    ap.add_argument("--redundant", type=int, default=4,
+                    help="redundant slots per layer (at least: rounded up to fill every GPU alike)")
     ap.add_argument("--holdout", type=float, default=0.5)
     ap.add_argument("--real-compute", action="store_true",
                     help="run the experts instead of waiting their predicted time (ranks then share the cores)")
