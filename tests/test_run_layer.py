@@ -17,6 +17,7 @@ from moeplace.run.replay import (
     ReplayConfig,
     batches_from_window,
     check_batches,
+    compute_seconds,
     predict,
     reference_outputs,
     replay,
@@ -165,3 +166,51 @@ def test_bytes_equal_the_simulator(replayed):
         X = predict(lsub, lin, cfg, BATCHING).all.sends[mode]
         assert np.array_equal(lres.dispatch_bytes.sum(0), X * send_bytes)
         assert lres.layer_seconds.shape == (1, 2, L)
+
+
+# ------------------------------------------------------------------------------------------------ emulated compute
+
+# a virtual device slow enough that waits are milliseconds, both roofline terms and the overhead in play
+SLOW = Cluster(2, 2, expert_flops=2e6, hbm_bw=4e6, compute_overhead=1e-3)
+
+
+def test_emulated_compute_is_the_simulators_expert_time(trace_and_plan):
+    trace, plan = trace_and_plan
+    cfg = ReplayConfig(hidden=H, ffn=4)
+    sub, rows = select_window(trace, plan, BATCHING, "decode", 3)
+    batches = batches_from_window(sub, rows, plan)
+    waits = compute_seconds(plan, batches, cfg, SLOW)  # [M, L, W]
+    sim = predict(sub, plan, cfg, BATCHING, cluster=SLOW).decode.per_microbatch["expert_time"]  # [B, L]
+    np.testing.assert_allclose(waits.max(-1), sim, rtol=1e-12)
+    # per rank, from the definition: pairs and distinct experts served by that rank's slots (S = 3)
+    expert_bytes, pair_s = 3 * H * 4 * 4, 4 * H * 4 / SLOW.expert_flops
+    for b, mb in enumerate(batches):
+        for layer in range(L):
+            for g in range(4):
+                mine = mb.slots[:, layer] // 3 == g  # [T, K]
+                n, act = int(mine.sum()), len(set(mb.expert_ids[:, layer][mine].tolist()))
+                want = max(act * expert_bytes / SLOW.hbm_bw, n * pair_s) + SLOW.compute_overhead if n else 0.0
+                assert waits[b, layer, g] == pytest.approx(want, rel=1e-12)
+    assert (waits.max(-1) > 0).all() and (waits.min(-1) < waits.max(-1)).any()
+
+
+def test_emulated_compute_waits_inside_the_timed_layer_and_keeps_outputs(trace_and_plan):
+    trace, plan = trace_and_plan
+    sub, rows = select_window(trace, plan, BATCHING, "decode", 2)
+    batches = batches_from_window(sub, rows, plan)
+    cfg = ReplayConfig(hidden=H, weights="id", repeats=2, return_outputs=True, emulate_compute=True, timeout=120)
+    res = replay(plan, batches, cfg, compute_cluster=SLOW)
+    waits = compute_seconds(plan, batches, cfg, SLOW)
+    assert np.array_equal(res.compute_seconds, waits)
+    # every layer call took at least the slowest rank's wait (the wait is inside the timed region)
+    assert (res.layer_seconds >= waits.max(-1)[None] - 1e-4).all()
+    assert summarize(res)["emulated_compute_s"]["total"] == pytest.approx(waits.max(-1).sum())
+    for b, mb in enumerate(batches):  # outputs of the untimed real pass
+        ref = reference_outputs(mb, b, E, cfg)
+        got = np.full_like(ref, np.nan)
+        for rank_out in res.outputs:
+            idx, out = rank_out[b]
+            got[idx] = out
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+    X = predict(sub, plan, cfg, BATCHING).all.sends["per_gpu"]  # bytes unchanged by the emulation
+    assert np.array_equal(res.dispatch_bytes.sum(0), X * H * cfg.bytes_per_element)

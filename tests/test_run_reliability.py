@@ -130,6 +130,8 @@ def _one_error_line(err: str) -> str:
     (["--netns", "x", "--inter-gbit", "1"], "--inter-gbit"),
     (["--emulate", "--netns", "x"], "--netns"),
     (["--dtype", "int8"], "--dtype"),
+    (["--emulate-compute", "--compute-flops", "0"], "--compute-flops"),
+    (["--compute-hbm-gbps", "10"], "--compute-hbm-gbps"),  # without --emulate-compute: would do nothing
 ])
 def test_out_of_range_options_are_one_line_exit_2_before_any_rank(tiny, no_spawn, capsys, extra, expect):
     trace, plan, _ = tiny
@@ -145,10 +147,12 @@ def test_out_of_range_options_are_one_line_exit_2_before_any_rank(tiny, no_spawn
 def test_library_options_are_checked_too(tmp_path):
     base = dict(trace=tmp_path, plan=tmp_path / "p.json", cluster="2x2")
     for bad in (dict(ffn=-3), dict(hidden=10 ** 8), dict(hidden=True), dict(repeats=1.5), dict(timeout=float("nan")),
-                dict(inter_gbit=1.0), dict(emulate=True, netns="x"), dict(rule="nope"), dict(phase="both")):
+                dict(inter_gbit=1.0), dict(emulate=True, netns="x"), dict(rule="nope"), dict(phase="both"),
+                dict(compute_flops=1e9), dict(emulate_compute=True, compute_hbm_gbps=-1.0)):
         with pytest.raises(ValueError):
             RunEpOptions(**base, **bad)
     RunEpOptions(**base, emulate=True, inter_gbit=1.0, timeout=5)  # valid
+    RunEpOptions(**base, emulate_compute=True, compute_flops=1e9, compute_hbm_gbps=50.0)  # valid
 
 
 def test_memory_the_ranks_would_need_is_checked_before_they_start(tiny, no_spawn, capsys):
@@ -183,6 +187,22 @@ def test_unwritable_json_is_refused_before_the_run(tiny, no_spawn, capsys, kind)
     rc = main(["run-ep", str(trace), "--plan", str(plan), "--cluster", "2x2", "--json", str(out)])
     assert rc == 2
     assert "--json" in _one_error_line(capsys.readouterr().err)
+
+
+def test_run_ep_with_emulated_compute_reports_the_wait_next_to_the_prediction(tiny, tmp_path, capsys):
+    trace, plan, _ = tiny
+    out = tmp_path / "emu.json"
+    rc = main(["run-ep", str(trace), "--plan", str(plan), "--cluster", "2x2", "--batch-tokens", "8",
+               "--microbatches", "2", "--repeats", "1", "--emulate-compute", "--compute-flops", "1e6",
+               "--compute-hbm-gbps", "0.01", "--json", str(out)])
+    assert rc == 0
+    assert "expert compute emulated" in capsys.readouterr().out
+    rep = json.loads(out.read_text())
+    assert rep["config"]["emulate_compute"] and rep["config"]["compute_device"]["expert_flops"] == 1e6
+    waited, predicted = rep["emulated_compute_s"]["total"], rep["predicted"]["kernel_time"]["expert_time_s"]["total"]
+    assert waited == pytest.approx(predicted, rel=1e-9) and waited > 0
+    assert rep["layer_time_s"]["total"] >= waited  # the wait is inside every timed layer call
+    assert rep["bytes_match_simulator"]
 
 
 def test_a_report_that_cannot_be_written_at_the_end_is_printed_not_lost(tiny, capsys):

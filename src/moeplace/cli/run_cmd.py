@@ -68,7 +68,9 @@ def cmd_run_ep(args: argparse.Namespace) -> int:
         dtype=args.dtype, batch_tokens=args.batch_tokens, phase=args.phase, microbatches=args.microbatches,
         skip=args.skip, repeats=args.repeats, two_hop=args.two_hop, rule=args.rule, timeout=args.timeout,
         emulate=args.emulate, inter_gbit=args.inter_gbit, inter_delay_ms=args.inter_delay_ms, netns=args.netns,
-        json_out=None if args.json is None else Path(args.json), fail_rank=_fail_rank_from_env())
+        json_out=None if args.json is None else Path(args.json), fail_rank=_fail_rank_from_env(),
+        emulate_compute=args.emulate_compute, compute_flops=args.compute_flops,
+        compute_hbm_gbps=args.compute_hbm_gbps)
     try:
         report = run_ep(opts)  # every user error is raised before a process starts
     except ClusterBusy as e:
@@ -184,6 +186,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=lim("repeats"), default=d.repeats, help=f"timed repeats (default {d.repeats})")
     p.add_argument("--two-hop", action="store_true", help="per-node dedup, forwarding inside the node")
     p.add_argument("--rule", default=d.rule, choices=RULES, help=f"replica rule (default {d.rule})")
+    p.add_argument("--emulate-compute", action="store_true",
+                   help="each rank waits the time model's expert compute for its own pairs instead of computing "
+                        "(roofline of the plan cluster's FLOP rate and HBM bandwidth); all-to-all stays real")
+    p.add_argument("--compute-flops", type=lim("compute_flops", float), default=None,
+                   help="with --emulate-compute: FLOP/s per rank (default: the plan cluster's)")
+    p.add_argument("--compute-hbm-gbps", type=lim("compute_hbm_gbps", float), default=None,
+                   help="with --emulate-compute: expert weight memory GB/s per rank (default: the plan cluster's)")
     p.add_argument("--timeout", type=lim("timeout", float), default=d.timeout,
                    help=f"seconds (default {d.timeout:g})")
     p.add_argument("--json", type=output_file, default=None, metavar="OUT.json",

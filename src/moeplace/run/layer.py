@@ -7,10 +7,15 @@ The layer knows nothing of placement or processes: a dispatcher (``moeplace.run.
 hidden vectors with, per row, up to K local slot indices and routing weights; the layer returns one partial sum
 per row, ``sum_j w[row, j] * expert(slot[row, j])(x[row])``, and the dispatcher sends it back. Applying the
 weights where the experts run keeps the combine at one vector per (token, GPU), the count MODEL.md charges.
+
+With ``compute_seconds`` (emulated compute, ``run-ep --emulate-compute``) the layer sleeps that long instead of
+running its experts and returns zero partial sums: the received rows and the combine's bytes are unchanged, only
+the expert math is replaced by a wait that costs no CPU, so ranks sharing few cores do not slow each other down.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +166,14 @@ def reference_moe(experts: ExpertWeights, x: torch.Tensor, expert_ids: torch.Ten
     return run_experts_loop(experts, x, expert_ids.long(), weights)
 
 
+def wait_seconds(seconds: float) -> None:
+    """Block for ``seconds`` (wall clock) without using the CPU: ``time.sleep`` until the deadline, so an
+    interrupted or early-woken sleep resumes. Overshoots by the scheduler's wake-up latency (tens of us)."""
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
 class MoELayer:
     """One GPU's share of a routed-expert layer: the experts of its S slots, run on what a dispatcher delivers.
 
@@ -171,9 +184,17 @@ class MoELayer:
     def __init__(self, local_experts: ExpertWeights | ExpertView) -> None:
         self.experts = local_experts  # [S] experts, index = local slot
 
-    def forward(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, dispatcher) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, dispatcher,
+                compute_seconds: float | None = None) -> torch.Tensor:
         """x: [T, H] this GPU's tokens; slots: int [T, K] physical slot serving each (token, k) pair;
-        weights: [T, K] routing weights. Returns [T, H]."""
+        weights: [T, K] routing weights. Returns [T, H].
+
+        compute_seconds: emulated compute: wait this long instead of running the experts, and combine zero
+        partial sums (same shapes and bytes as the real ones; the result is then not the layer's output)."""
         recv = dispatcher.dispatch(x, slots, weights)
-        y = run_experts(self.experts, recv.x, recv.local_slot, recv.weight)
+        if compute_seconds is None:
+            y = run_experts(self.experts, recv.x, recv.local_slot, recv.weight)
+        else:
+            wait_seconds(compute_seconds)
+            y = torch.zeros_like(recv.x)
         return dispatcher.combine(y, recv.meta)

@@ -7,6 +7,11 @@ The parent builds the micro-batches once (tokens, homes, routing and the serving
 chosen by the replica rule the simulator uses), hands them to every rank, and each rank runs, for every
 micro-batch and layer, its own tokens through :class:`~moeplace.run.layer.MoELayer` with a
 :class:`~moeplace.run.dispatch.Dispatcher`. Bytes are what the dispatcher passed to ``all_to_all_single``.
+
+Emulated compute (``ReplayConfig.emulate_compute``): each rank waits, in place of its expert math, the time the
+simulator's kernel time model gives its own pairs in that micro-batch and layer (:func:`compute_seconds`: the
+roofline of :func:`moeplace.simulate.cost.expert_seconds` per rank), so W ranks on fewer cores do not compete for
+them while the all-to-all stays real. Outputs, when asked for, then come from an untimed pass with real compute.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from moeplace.simulate import (
     simulate,
 )
 from moeplace.simulate import assign_slots as sim_assign_slots
+from moeplace.simulate.cost import expert_seconds, pair_flops_of, time_terms
 from moeplace.trace.store import PHASES, Trace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,6 +72,7 @@ class ReplayConfig:
     weights: str = "random"  # "random" experts, or "id" experts that encode their id (tests)
     seed: int = 0  # expert weights and token hidden vectors
     return_outputs: bool = False  # ranks return their outputs (tests compare them with the reference)
+    emulate_compute: bool = False  # wait the predicted expert time instead of computing (module docstring)
     timeout: float = 600.0  # seconds before the run is stopped
 
     def __post_init__(self) -> None:
@@ -155,16 +162,49 @@ def batches_from_window(sub: Trace, rows: list[np.ndarray], plan: Plan, rule: st
     return out
 
 
-def predict(sub: Trace, plan: Plan, cfg: ReplayConfig, batching: BatchConfig, rule: str = DEFAULT_RULE,
-            cluster: Cluster | None = None) -> SimResult:
-    """The simulator on the same window, hidden size and bytes per element as the replay (dispatch and combine
-    both ``cfg.dtype``); ``cluster`` (same shape as the plan's) sets the links and FLOP rate of its time model."""
+def replay_cost(cfg: ReplayConfig) -> CostConfig:
+    """The simulator's cost of the replayed layer: hidden ``cfg.hidden``, dispatch and combine elements of
+    ``cfg.dtype``, ``4 H F`` FLOPs per pair (two GEMMs), expert weights of width F in ``cfg.dtype``, and the kernel
+    the runtime's exchange resembles (``nccl``: one copy per GPU; ``deepep-normal`` for two-hop)."""
     b = cfg.bytes_per_element
     F = cfg.ffn or cfg.hidden
-    cost = CostConfig(hidden_size=cfg.hidden, dispatch_bytes=b, combine_bytes=b, pair_flops=4.0 * cfg.hidden * F)
+    return CostConfig(hidden_size=cfg.hidden, dispatch_bytes=b, combine_bytes=b, pair_flops=4.0 * cfg.hidden * F,
+                      intermediate_size=F, weight_bytes=float(b), mode="deepep-normal" if cfg.two_hop else "nccl")
+
+
+def predict(sub: Trace, plan: Plan, cfg: ReplayConfig, batching: BatchConfig, rule: str = DEFAULT_RULE,
+            cluster: Cluster | None = None) -> SimResult:
+    """The simulator on the same window, hidden size and bytes per element as the replay (:func:`replay_cost`);
+    ``cluster`` (same shape as the plan's) sets the links, FLOP rate and HBM bandwidth of its time model.
+    ``kernel_time.expert_time_s`` of the result is what emulated compute waits (max over ranks)."""
     if cluster is not None:
         plan = dataclasses.replace(plan, cluster=cluster)
-    return simulate(sub, plan, cost=cost, batching=batching, rule=rule)
+    return simulate(sub, plan, cost=replay_cost(cfg), batching=batching, rule=rule)
+
+
+def compute_seconds(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig,
+                    cluster: Cluster | None = None) -> np.ndarray:
+    """float [M, L, W]: the kernel time model's expert compute of each rank's own pairs per micro-batch and layer,
+    ``max(active_g * expert_bytes / hbm_bw, pairs_g * pair_flops / expert_flops) + compute_overhead`` (0 for a
+    rank without pairs), with :func:`replay_cost`'s constants and ``cluster``'s rates (None: the plan's).
+    ``active_g``: distinct logical experts with pairs on rank g, as the simulator counts them; its max over ranks
+    is the simulator's ``expert_time`` for the same micro-batch."""
+    cl = cluster or plan.cluster
+    W = cl.world_size
+    S = plan.placement.num_slots // W
+    E = int(plan.placement.num_experts)
+    cost = replay_cost(cfg)
+    expert_bytes = time_terms(cost, cfg.hidden, "").expert_bytes
+    pair_seconds = pair_flops_of(cost, cfg.hidden, "") / cl.expert_flops
+    L = plan.placement.num_layers
+    out = np.zeros((len(batches), L, W))
+    for b, mb in enumerate(batches):
+        for layer in range(L):
+            gpu = (mb.slots[:, layer] // S).ravel()  # [T*K] rank serving each pair
+            pairs = np.bincount(gpu, minlength=W)  # [W]
+            active = np.bincount(np.unique(gpu * E + mb.expert_ids[:, layer].ravel()) // E, minlength=W)  # [W]
+            out[b, layer] = expert_seconds(active, pairs * pair_seconds, pairs > 0, expert_bytes, cl)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ rank side
@@ -181,11 +221,13 @@ def _experts(cfg: ReplayConfig, num_experts: int) -> ExpertWeights:
     return ExpertWeights.random(num_experts, cfg.hidden, cfg.ffn, seed=cfg.seed, dtype=DTYPES[cfg.dtype])
 
 
-def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch]]], num_experts: int, gpus_per_node: int,
-                cfg: ReplayConfig) -> list[dict[str, Any]]:
-    """One rank's replay of one or more cases (placement ``phy2log`` int [L, P] and its micro-batches), run by
+def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch], np.ndarray | None]], num_experts: int,
+                gpus_per_node: int, cfg: ReplayConfig) -> list[dict[str, Any]]:
+    """One rank's replay of one or more cases (placement ``phy2log`` int [L, P], its micro-batches, and with
+    emulated compute the seconds float [M, L, W] each rank waits in place of its experts), run by
     :func:`moeplace.run.launch.launch`. Repeats are interleaved across cases (repeat -> case -> micro-batch ->
-    layer), so slow phases of a shared machine hit every case alike.
+    layer), so slow phases of a shared machine hit every case alike. With emulated compute and
+    ``cfg.return_outputs``, outputs come from one untimed pass with real compute before the timed repeats.
 
     Returns per case: ``seconds`` float [R, M, L] (this rank's layer time), ``bytes`` {stage: int64 [M, L, W]}
     sent by this rank per destination (stages dispatch, combine, meta, counts) and, if asked, ``outputs``: per
@@ -197,7 +239,7 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch]]], num_exper
     full = _experts(cfg, num_experts).to(device)  # one weight table shared by every layer and case
     recorder = TrafficRecorder(W)
     state = []
-    for phy2log, batches in cases:
+    for phy2log, batches, wait in cases:
         L, P = phy2log.shape
         S = P // W
         layers = [MoELayer(ExpertView(full, tuple(int(e) for e in phy2log[layer, rank * S:(rank + 1) * S])))
@@ -213,14 +255,24 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch]]], num_exper
                           disp=Dispatcher(rank, W, gpus_per_node, S, two_hop=cfg.two_hop, recorder=recorder),
                           seconds=np.zeros((cfg.repeats, M, L)),
                           sent={k: np.zeros((M, L, W), np.int64) for k in ("dispatch", "combine", "meta", "counts")},
-                          outs=[[None] * L for _ in range(M)]))
+                          outs=[[None] * L for _ in range(M)],
+                          wait=None if wait is None else np.asarray(wait)[:, :, rank]))  # [M, L] this rank's wait
+    emulated = cfg.emulate_compute
+    if emulated and cfg.return_outputs:  # untimed pass with real compute: the outputs to check
+        for st in state:
+            for b, (_, x, slots, w) in enumerate(st["inputs"]):
+                for layer, moe in enumerate(st["layers"]):
+                    y = moe.forward(x, slots[:, layer], w[:, layer], st["disp"])
+                    st["outs"][b][layer] = y.float().cpu().numpy()
+                    recorder.take()
     for rep in range(cfg.repeats):
         for st in state:
             for b, (_, x, slots, w) in enumerate(st["inputs"]):
                 for layer, moe in enumerate(st["layers"]):
+                    wait_s = float(st["wait"][b, layer]) if emulated else None
                     dist.barrier()  # host waits for every rank: all start the layer together
                     t0 = time.perf_counter()
-                    y = moe.forward(x, slots[:, layer], w[:, layer], st["disp"])
+                    y = moe.forward(x, slots[:, layer], w[:, layer], st["disp"], wait_s)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)  # host waits for the device before reading the clock
                     st["seconds"][rep, b, layer] = time.perf_counter() - t0
@@ -228,7 +280,7 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch]]], num_exper
                     if rep == 0:
                         for k in st["sent"]:
                             st["sent"][k][b, layer] = got[k]
-                        if cfg.return_outputs:
+                        if cfg.return_outputs and not emulated:
                             st["outs"][b][layer] = y.float().cpu().numpy()
     out = []
     for st in state:
@@ -265,6 +317,7 @@ class ReplayResult:
     gpus_per_node: int
     two_hop: bool
     outputs: list | None = None  # per rank, as returned by replay_rank (tests)
+    compute_seconds: np.ndarray | None = None  # float [M, L, W] emulated compute each rank waited (None: real)
 
     def pair_bytes(self) -> np.ndarray:
         """int64 [M, L, W, W]: dispatch + combine bytes per (source, destination)."""
@@ -278,18 +331,20 @@ class ReplayResult:
 
 def replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, **launch_kw) -> ReplayResult:
     """Run the micro-batches through the layer in W = plan.cluster.world_size processes and gather results.
-    ``launch_kw``: netns, master_addr, socket_ifname, fail_rank, env (see :func:`replay_cases`)."""
+    ``launch_kw``: netns, master_addr, socket_ifname, fail_rank, env, compute_cluster (see :func:`replay_cases`)."""
     return replay_cases([(plan, batches)], cfg, **launch_kw)[0]
 
 
 def replay_cases(cases: list[tuple[Plan, list[MicroBatch]]], cfg: ReplayConfig, *,
                  netns: list[str | None] | None = None, master_addr: str = "127.0.0.1",
                  socket_ifname: str | None = None, fail_rank: int | None = None,
-                 env: dict[str, str] | None = None) -> list[ReplayResult]:
+                 env: dict[str, str] | None = None, compute_cluster: Cluster | None = None) -> list[ReplayResult]:
     """Several plans (same cluster, same experts) measured in one run, repeats interleaved; one result each.
 
     netns / master_addr / socket_ifname: where ranks run (``EmulatedCluster.launch_kwargs()``); fail_rank: test
-    hook, that rank dies after joining; env: extra environment for the ranks.
+    hook, that rank dies after joining; env: extra environment for the ranks; compute_cluster: with
+    ``cfg.emulate_compute``, the FLOP rate, HBM bandwidth and overhead of :func:`compute_seconds` (None: each plan's
+    cluster).
     """
     from moeplace.run.launch import launch
 
@@ -303,8 +358,10 @@ def replay_cases(cases: list[tuple[Plan, list[MicroBatch]]], cfg: ReplayConfig, 
                              f"{plan.placement.num_experts}, the first for {cluster.spec()} / E={E}")
         check_batches(plan, batches)
     W = cluster.world_size
+    waits = [compute_seconds(p, b, cfg, compute_cluster) if cfg.emulate_compute else None for p, b in cases]
     res = launch("moeplace.run.replay:replay_rank", W,
-                 dict(cases=[(p.placement.phy2log, b) for p, b in cases], num_experts=E,
+                 dict(cases=[(p.placement.phy2log, b, wt) for (p, b), wt in zip(cases, waits, strict=True)],
+                      num_experts=E,
                       gpus_per_node=cluster.gpus_per_node, cfg=cfg),
                  netns=netns, master_addr=master_addr, socket_ifname=socket_ifname, timeout=cfg.timeout,
                  fail_rank=fail_rank, env=env)
@@ -315,7 +372,8 @@ def replay_cases(cases: list[tuple[Plan, list[MicroBatch]]], cfg: ReplayConfig, 
         by = {k: np.stack([r["bytes"][k] for r in per_rank], axis=2) for k in ("dispatch", "combine", "meta")}
         secs = np.max(np.stack([r["seconds"] for r in per_rank]), axis=0)  # slowest rank per (rep, batch, layer)
         out.append(ReplayResult(by["dispatch"], by["combine"], by["meta"], secs, cluster.gpus_per_node,
-                                cfg.two_hop, [r["outputs"] for r in per_rank] if cfg.return_outputs else None))
+                                cfg.two_hop, [r["outputs"] for r in per_rank] if cfg.return_outputs else None,
+                                waits[c]))
     return out
 
 
@@ -378,4 +436,6 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         "dispatch_matrix_bytes": result.dispatch_bytes.sum((0, 1)).tolist(),
         "combine_matrix_bytes": result.combine_bytes.sum((0, 1)).tolist(),
         "num_microbatches": int(result.dispatch_bytes.shape[0]),
+        # emulated compute: the slowest rank's wait per (micro-batch, layer), summed (None: experts really ran)
+        "emulated_compute_s": None if result.compute_seconds is None else _stat(result.compute_seconds.max(-1)),
     }

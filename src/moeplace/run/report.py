@@ -12,6 +12,7 @@ for the same micro-batches. Every check raises ValueError naming the value and w
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "timeout": (1e-3, 7 * 86400.0),  # seconds
     "inter_gbit": (1e-3, 400.0),  # Gbit/s per node link
     "inter_delay_ms": (1e-3, 10_000.0),
+    "compute_flops": (1e3, 1e18),  # FLOP/s of the emulated device per rank
+    "compute_hbm_gbps": (1e-6, 1e6),  # GB/s of its weight memory
 }
 RANK_BASE_BYTES = 400 << 20  # what one rank process holds before any tensor (torch, gloo), measured on CPU
 MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and ".tmp" to the name (limit 255)
@@ -86,6 +89,9 @@ class RunEpOptions:
     netns: str | None = None  # run on the cluster `moeplace cluster up --name NETNS` brought up
     json_out: Path | None = None  # write the report here (None: the caller prints it)
     fail_rank: int | None = None  # test hook: that rank exits right after joining the group
+    emulate_compute: bool = False  # wait the time model's expert compute of each rank instead of computing
+    compute_flops: float | None = None  # with emulate_compute: FLOP/s per rank (None: the plan cluster's)
+    compute_hbm_gbps: float | None = None  # with emulate_compute: weight-memory GB/s (None: the plan cluster's)
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in LIMITS.items():
@@ -110,6 +116,9 @@ class RunEpOptions:
             if v is not None and not self.emulate:
                 raise ValueError(f"{flag} shapes the private cluster of --emulate and does nothing without "
                                  f"it (a --netns cluster is shaped by 'moeplace cluster up {flag}')")
+        for flag, v in (("--compute-flops", self.compute_flops), ("--compute-hbm-gbps", self.compute_hbm_gbps)):
+            if v is not None and not self.emulate_compute:
+                raise ValueError(f"{flag} sets the emulated device of --emulate-compute and does nothing without it")
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,7 @@ class PreparedRun:
     batches: list[MicroBatch]  # M micro-batches
     config: ReplayConfig
     batching: BatchConfig
+    compute_cluster: Cluster  # the plan's cluster with the emulated device's rates (time model of the prediction)
 
 
 def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
@@ -183,7 +193,7 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
                          f"layers x E={pl.num_experts} experts, the trace has L={meta.num_layers} x "
                          f"E={meta.num_experts}")
     cfg = ReplayConfig(hidden=opts.hidden, ffn=opts.ffn, dtype=opts.dtype, two_hop=opts.two_hop,
-                       repeats=opts.repeats, timeout=opts.timeout)
+                       repeats=opts.repeats, timeout=opts.timeout, emulate_compute=opts.emulate_compute)
     batching = BatchConfig(decode_batch=opts.batch_tokens, prefill_tokens=opts.batch_tokens)
     sub, rows = select_window(trace, plan, batching, opts.phase, opts.microbatches, opts.skip)
     batches = batches_from_window(sub, rows, plan, opts.rule)
@@ -198,7 +208,10 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
                          f"of H={cfg.hidden} x F={cfg.ffn or cfg.hidden}, {sum(sizes)} tokens), more than the "
                          f"{memory_budget / 2**30:.1f} GiB available; lower --hidden, --ffn, --microbatches or "
                          f"--batch-tokens")
-    return PreparedRun(plan, sub, batches, cfg, batching)
+    rates = {k: v for k, v in (("expert_flops", opts.compute_flops),
+                               ("hbm_bw", None if opts.compute_hbm_gbps is None else opts.compute_hbm_gbps * 1e9))
+             if v is not None}
+    return PreparedRun(plan, sub, batches, cfg, batching, dataclasses.replace(plan.cluster, **rates))
 
 
 def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, EmulatedCluster | None]:
@@ -207,6 +220,7 @@ def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, Emulat
     ClusterBusy when a ``--netns`` cluster is being changed."""
     plan = prep.plan
     N, G = plan.cluster.num_nodes, plan.cluster.gpus_per_node
+    kw = dict(fail_rank=opts.fail_rank, compute_cluster=prep.compute_cluster)
     if opts.netns:
         with cluster_lock(opts.netns, shared=True):  # nobody rebuilds or removes it under the run
             emu = load_cluster(opts.netns)
@@ -216,11 +230,11 @@ def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, Emulat
             if (emu.num_nodes, emu.gpus_per_node) != (N, G):
                 raise ValueError(f"--netns {opts.netns} is {emu.num_nodes}x{emu.gpus_per_node}, the plan needs "
                                  f"{N}x{G}")
-            return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank, **emu.launch_kwargs()), emu
+            return replay(plan, prep.batches, prep.config, **kw, **emu.launch_kwargs()), emu
     if opts.emulate:
         with emulated_cluster(N, G, opts.inter_gbit, opts.inter_delay_ms) as emu:
-            return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank, **emu.launch_kwargs()), emu
-    return replay(plan, prep.batches, prep.config, fail_rank=opts.fail_rank), None
+            return replay(plan, prep.batches, prep.config, **kw, **emu.launch_kwargs()), emu
+    return replay(plan, prep.batches, prep.config, **kw), None
 
 
 def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, emu: EmulatedCluster | None,
@@ -230,10 +244,13 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
     """
     plan, cfg = prep.plan, prep.config
     measured = summarize(result)
-    sim = predict(prep.window, plan, cfg, prep.batching, opts.rule).all.to_json()
+    sim = predict(prep.window, plan, cfg, prep.batching, opts.rule, prep.compute_cluster).all.to_json()
     pre = "two_hop_" if cfg.two_hop else ""
     predicted = {k: sim[pre + k] for k in ("inter_node_bytes", "intra_node_bytes", "layer_time_s", "comm_time_s",
                                            "traffic_matrix_bytes")}
+    # the kernel time model (nccl, or deepep-normal two-hop): its expert_time is what emulated compute waits
+    predicted["kernel_time"] = {k: sim["kernel_time"][k] for k in ("layer_time_s", "dispatch_time_s",
+                                                                   "combine_time_s", "expert_time_s")}
     return {
         "trace": str(opts.trace), "plan": str(opts.plan), "strategy": plan.strategy, "cluster": plan.cluster.spec(),
         "emulation": None if emu is None else {"mode": emu.mode, "name": emu.name, "inter_gbit": emu.inter_gbit,
@@ -242,7 +259,11 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
         "backend": backend,
         "config": {"hidden": cfg.hidden, "ffn": cfg.ffn or cfg.hidden, "dtype": cfg.dtype,
                    "bytes_per_element": cfg.bytes_per_element, "two_hop": cfg.two_hop, "repeats": cfg.repeats,
-                   "rule": opts.rule, "batch_tokens": opts.batch_tokens},
+                   "rule": opts.rule, "batch_tokens": opts.batch_tokens,
+                   "emulate_compute": cfg.emulate_compute,
+                   "compute_device": {"expert_flops": prep.compute_cluster.expert_flops,
+                                      "hbm_bw": prep.compute_cluster.hbm_bw,
+                                      "compute_overhead": prep.compute_cluster.compute_overhead}},
         "window": {"phase": opts.phase, "skip": opts.skip, "num_microbatches": len(prep.batches),
                    "num_tokens": int(sum(len(b) for b in prep.batches))},
         **measured,
@@ -259,7 +280,8 @@ def summary_line(report: dict[str, Any], out: str | os.PathLike | None = None) -
     line = (f"run-ep {report['strategy']} on {report['cluster']} ({report['dedup']}): {w['num_tokens']} tokens in "
             f"{w['num_microbatches']} micro-batches; inter-node {inter:,} B, intra-node {intra:,} B (simulator: "
             f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "
-            f"{report['layer_time_s']['total'] * 1e3:.1f} ms")
+            f"{report['layer_time_s']['total'] * 1e3:.1f} ms"
+            + (" (expert compute emulated)" if report["config"].get("emulate_compute") else ""))
     return line + (f" -> {out}" if out is not None else "")
 
 
