@@ -136,7 +136,8 @@ def test_joint_beats_linear_and_respects_floor_on_clustered_workload(work):
     from moeplace.simulate.routing import mean_balancedness
 
     cluster = Cluster(2, 2)
-    plan = make_plan("joint", work, cluster, 4, balance_floor=0.8, search_evals=1500, iters=2)
+    plan = make_plan("joint", work, cluster, 4, balance_floor=0.8, search_evals=1500, iters=2,
+                     objective="bytes")
     homes = np.array([plan.homes[int(r)] for r in work.request_ids])
     tr, ids = work.traffic()
     ours = window_objective(plan.placement.phy2log, homes, tr, ids, cluster, 16)

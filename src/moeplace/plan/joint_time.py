@@ -152,11 +152,15 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
     Rq = work.num_requests
-    if Rq < 4 * N:
-        raise ValueError(f"joint: the planning window has {Rq} requests, fewer than 4 per node ({N} nodes)")
     hidden = int(hidden_size or work.hidden_size or DEFAULT_HIDDEN)
     cost = CostConfig(hidden_size=hidden, mode=mode)
     batching = BatchConfig(decode_batch=decode_batch, prefill_tokens=prefill_tokens)
+    cm = CostModel(objective="layer_time", rule=rule, dedup=mode, hidden_size=hidden,
+                   dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes)
+    if Rq < 4 * N:  # too few requests to build on one half and check on the other
+        reason = f"the planning window has {Rq} requests, fewer than 4 per node ({N} nodes): used EPLB's placement"
+        return StrategyResult(rebalance(work.load, P, 1, N, W), np.arange(Rq) % W, None, {"objective": "time"},
+                              fallback=Fallback("eplb", reason), cost_model=cm)
     rng = np.random.default_rng(seed)
     ev = np.sort(rng.choice(Rq, max_eval_requests, replace=False)) if Rq > max_eval_requests else np.arange(Rq)
     perm = rng.permutation(len(ev))
@@ -196,8 +200,6 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     extra = {"objective": "time", "seed": seed, "mode": mode, "rule": rule, "hidden_size": hidden,
              "eval_requests": int(len(ev)), "layer_choice": [names[c] for c in pick],
              "cv_time_vs_eplb": [float(x) for x in cv_ratio]}
-    cm = CostModel(objective="layer_time", rule=rule, dedup=mode, hidden_size=hidden,
-                   dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes)
     if (cv_ratio < 1.0).all():
         grouper, homes = grouping(ev)
         full = candidate_placements(work, ev, homes, cluster, P)
