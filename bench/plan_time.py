@@ -30,7 +30,7 @@ STRATEGIES = ["eplb", "activation-clusters", "joint"]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clusters", default="4x2,8x1,2x4,4x8")
-    ap.add_argument("--redundant", type=int, default=8)
+    ap.add_argument("--redundant", type=int, default=8, help="per layer; rounded up per cluster to fit the GPUs")
     ap.add_argument("--no-gpt-oss", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -58,7 +58,9 @@ def main() -> int:
             for mode in ("auto", "deepep-normal"):
                 t0 = time.perf_counter()
                 cost = CostConfig(hidden_size=hidden or trace.meta.hidden_size, mode=mode)
-                r = compare(trace, cluster, args.redundant, STRATEGIES, seed=0, arrival="mixed", cost=cost)
+                E, W = trace.meta.num_experts, cluster.world_size
+                R = args.redundant + (-(E + args.redundant)) % W  # rounded up so that E + R slots split over W
+                r = compare(trace, cluster, R, STRATEGIES, seed=0, arrival="mixed", cost=cost)
                 rows = {}
                 for n, row in r["strategies"].items():
                     rows[n] = {k: row.get(k) for k in (
@@ -71,6 +73,7 @@ def main() -> int:
                     rows["joint"][f"{ph}_layer_time_vs_activation_clusters"] = a / b if a is not None and b else None
                 key = f"{wname}/{spec}/{mode}"
                 results[key] = {"workload": wname, "synthetic": bool(trace.meta.synthetic), "cluster": spec,
+                                "redundant": R,
                                 "mode": mode, "hidden_size": cost.hidden_size,
                                 "held_out_requests": r["held_out_requests"], "strategies": rows,
                                 "seconds": time.perf_counter() - t0}

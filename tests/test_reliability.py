@@ -307,3 +307,21 @@ def test_record_on_a_device_this_machine_lacks(tmp_path):
                    "--device", dev, tmp_path / "r.trace")
     one_line_error(res, f"--device {dev}")
     assert not (tmp_path / "r.trace").exists()
+
+
+def test_kill9_plan_keeps_the_old_plan(tmp_path):
+    """A plan killed mid-search leaves the plan file it would replace byte for byte, and no temporary beside it."""
+    from moeplace.data import default_trace_path
+
+    out = tmp_path / "p.json"
+    first = moeplace("plan", default_trace_path(), "--strategy", "eplb", "--cluster", "2x2", "--redundant", "4",
+                     "--out", out)
+    assert first.returncode == 0, first.stderr
+    before = out.read_bytes()
+    p = start("plan", default_trace_path(), "--strategy", "joint", "--objective", "bytes", "--search-evals",
+              "100000", "--cluster", "2x2", "--redundant", "4", "--out", out)
+    time.sleep(8)  # well inside the search (100k evaluated moves per layer take minutes)
+    p.kill()
+    p.wait(timeout=30)
+    assert out.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["p.json"]
