@@ -147,7 +147,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                     max_eval_requests: int = MAX_EVAL_REQUESTS) -> StrategyResult:
     """The time objective (see the module docstring); hidden_size: default the window's, else 4096."""
     from moeplace.plan.eplb import rebalance
-    from moeplace.plan.joint import feature_layers, signal_features
+    from moeplace.plan.joint import assign_all, feature_layers, signal_features
 
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
@@ -173,7 +173,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         it gives every request of the window (each request admitted in balanced rounds)."""
         cent, _ = kmeans(signal_features(work, train, flayers), N, seed=seed)
         g = Grouper(cent, G, round_size, kind="centroids", layers=flayers)
-        return g, g.assign_features(signal_features(work, np.arange(Rq), flayers))
+        return g, assign_all(g, work)  # features in chunks: bounded memory on 100k-request windows
 
     def times(p2l: np.ndarray, homes: np.ndarray, test: np.ndarray) -> np.ndarray:  # [2 (phase), L]
         return window_layer_time(work, test, homes, p2l, cluster, cost, batching, seed, rule)
