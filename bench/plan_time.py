@@ -71,7 +71,7 @@ def main() -> int:
                 for ph in ("prefill", "decode"):
                     a, b = rows["joint"][f"{ph}_layer_time_s"], ac[f"{ph}_layer_time_s"]
                     rows["joint"][f"{ph}_layer_time_vs_activation_clusters"] = a / b if a is not None and b else None
-                key = f"{wname}/{spec}/{mode}"
+                key = f"{wname}-{spec}-{mode}"  # no "/": result paths in figure markers split on it
                 results[key] = {"workload": wname, "synthetic": bool(trace.meta.synthetic), "cluster": spec,
                                 "redundant": R,
                                 "mode": mode, "hidden_size": cost.hidden_size,
