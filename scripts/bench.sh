@@ -21,6 +21,7 @@ run eplb_speed
 run joint_speed
 run capture_overhead
 run kernel_validation
+run plan_time
 run operate_policies
 run operate_overhead
 if [ -d ../shared/data/gpt-oss-20b ]; then
