@@ -67,11 +67,15 @@ def test_grouping_strategies_carry_a_typed_grouper_that_rebuilds(plans):
 
 
 def test_joint_reports_its_floor_as_a_typed_outcome(plans):
-    b = plans["joint"].balance
+    bytes_plan = make_plan("joint", clustered_work(), Cluster(2, 2), 4, objective="bytes", search_evals=300, iters=2)
+    b = bytes_plan.balance
     assert isinstance(b, BalanceOutcome) and b.floor == 0.95 and b.achieved is not None
     assert b.met == (b.achieved >= 0.95)
-    f = plans["joint"].fallback
+    f = bytes_plan.fallback
     assert f is None or (f.used == "eplb" and "floor" in f.reason)
+    t = plans["joint"]  # the time objective reports its cost model, and EPLB when it kept EPLB's plan
+    assert t.cost_model is not None and t.cost_model.objective == "layer_time"
+    assert t.fallback is None or (t.fallback.used == "eplb" and "EPLB" in t.fallback.reason)
     for name in ("linear", "eplb", "coactivation"):
         assert plans[name].balance is None and plans[name].fallback is None
 
