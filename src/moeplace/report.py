@@ -20,18 +20,10 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from moeplace.htmlstyle import BASE_CSS  # noqa: E402
 from moeplace.io import atomic_write_text  # noqa: E402
 
-_CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:18px 32px}
-header h1{margin:0;font-size:22px;font-weight:600}
-header p{margin:4px 0 0;color:#b9c1d0;font-size:13px}
-.badge{background:#d9480f;color:#fff;border-radius:4px;padding:2px 8px;margin-left:10px;font-size:14px}
-main{max-width:1250px;margin:0 auto;padding:16px 32px 48px}
-section{background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:14px 20px;margin:16px 0}
-h2{font-size:17px;margin:2px 0 10px}
-.cards{display:flex;flex-wrap:wrap;gap:10px}
+_CSS = BASE_CSS + """.cards{display:flex;flex-wrap:wrap;gap:10px}
 .card{border:1px solid #e1e4ea;border-radius:6px;padding:8px 14px;min-width:150px;background:#fafbfc}
 .card b{display:block;font-size:20px}
 .card span{font-size:12px;color:#5b6475}
