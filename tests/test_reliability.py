@@ -325,3 +325,19 @@ def test_kill9_plan_keeps_the_old_plan(tmp_path):
     p.wait(timeout=30)
     assert out.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_plan_from_an_empty_trace_is_refused(tmp_path):
+    """A trace with no token rows (e.g. left by a killed import) gives no plan, one line, exit 2."""
+    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
+
+    meta = TraceMeta(model="m", num_layers=2, num_experts=8, top_k=2, hidden_size=16)
+    req = Requests(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int32),
+                   np.zeros(0, np.int32))
+    tok = TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros((0, 2, 2), np.int16))
+    write_trace(tmp_path / "e.trace", Trace(meta, req, tok, None))
+    for strategy in ("linear", "eplb", "joint"):
+        res = moeplace("plan", tmp_path / "e.trace", "--strategy", strategy, "--cluster", "2x2", "--out",
+                       tmp_path / "p.json")
+        one_line_error(res, "no routed tokens")
+        assert not (tmp_path / "p.json").exists()

@@ -83,6 +83,9 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
     model go to the plan's typed fields (from the StrategyResult's fields, else from its legacy ``extra`` keys).
     """
     s = get_strategy(strategy)
+    if not work.load.sum() > 0:
+        raise ValueError(f"{planned_on or 'the planning window'}: no routed tokens to plan from (an empty trace, or "
+                         "one a killed import left behind); record or import routing first")
     check_slot_count(work.num_experts, num_redundant, cluster.world_size, work.num_layers)
     if s.needs_tokens and not work.has_tokens:
         raise ValueError(
