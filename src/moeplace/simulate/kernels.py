@@ -61,9 +61,8 @@ def tier_kernel(cand, cgpu, nog, ok, static, nbest):
                         pick -= 1
 
 
-# Compiled kernels (numba). _mb_kernel routes complete micro-batches layer by layer (replica choice, per-GPU and
-# per-node dedup, load) and reduces each to its per-layer counts. ``cache=True`` keeps the compiled code in
-# __pycache__ next to this file, so only the first run of a checkout pays the compile (about 7 s on 2 busy cores).
+# microbatch_kernel routes complete micro-batches layer by layer (replica choice, per-GPU and per-node dedup, load)
+# and reduces each to its per-layer counts; the functions above are its building blocks.
 
 
 @njit(cache=True, nogil=True)
