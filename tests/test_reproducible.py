@@ -43,10 +43,11 @@ def test_every_strategy_is_a_function_of_its_inputs_and_seed(name):
     assert a == b
 
 
-def test_joint_plan_bytes_identical_under_cpu_hog(tmp_path):
+@pytest.mark.parametrize("objective", ["time", "bytes"])
+def test_joint_plan_bytes_identical_under_cpu_hog(tmp_path, objective):
     """Plan the bundled trace twice with the real CLI, the second time with busy processes on every core."""
     args = [sys.executable, "-m", "moeplace", "plan", str(default_trace_path()), "--strategy", "joint",
-            "--cluster", "4x2", "--redundant", "8", "--search-evals", "400", "--seed", "1"]
+            "--cluster", "4x2", "--redundant", "8", "--search-evals", "400", "--seed", "1", "--objective", objective]
     quiet = tmp_path / "quiet.json"
     subprocess.run([*args, "--out", str(quiet)], check=True, capture_output=True, timeout=600)
     ctx = mp.get_context("fork")
