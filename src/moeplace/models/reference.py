@@ -42,6 +42,7 @@ class ReferenceConfig:
     max_position_embeddings: int = 512  # longest sequence the rotary embedding is set up for
     router_aux_loss_coef: float = 0.01  # weight of the architecture's load-balancing loss (Switch style)
     norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (as Qwen3-30B-A3B)
+    foe_groups: int = 1  # > 1: a Federation-of-Experts model with this many groups (moeplace.models.foe)
     # --- training
     steps: int = 1000  # optimizer steps
     seq_len: int = 256  # tokens per training sequence
@@ -75,6 +76,10 @@ class ReferenceConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"ReferenceConfig.{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.foe_groups, int) or self.foe_groups < 1 or any(
+                v % self.foe_groups for v in (self.num_kv_heads, self.num_experts, self.top_k)):
+            raise ValueError(f"ReferenceConfig.foe_groups={self.foe_groups!r} must divide num_kv_heads, num_experts "
+                             "and top_k")
         if self.top_k > self.num_experts:
             raise ValueError(f"ReferenceConfig.top_k={self.top_k} exceeds num_experts={self.num_experts}")
         if self.num_heads % self.num_kv_heads:
@@ -167,6 +172,8 @@ def load_reference(device: str = "cpu", path: str | Path | None = None, dtype: s
                                 "run `moeplace train-reference`)")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    import moeplace.models.foe  # noqa: F401  (registers the FoE model type, so FoE folders load too)
+
     model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, dtype), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
     return model.to(device).eval(), tokenizer

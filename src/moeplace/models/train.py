@@ -245,7 +245,12 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     t_data = time.perf_counter() - t_start
     log("training tokens per domain: " + ", ".join(f"{d} {len(s):,}" for d, s in streams.items()))
 
-    model = Qwen3MoeForCausalLM(cfg.qwen3_config(eos, output_router_logits=True))
+    if cfg.foe_groups > 1:  # Federation of Experts: same parameters, grouped wiring (moeplace.models.foe)
+        from moeplace.models.foe import FoeForCausalLM, foe_config
+
+        model = FoeForCausalLM(foe_config(cfg.qwen3_config(eos, output_router_logits=True), cfg.foe_groups))
+    else:
+        model = Qwen3MoeForCausalLM(cfg.qwen3_config(eos, output_router_logits=True))
     model.train()
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
     mix = dict(cfg.batch_mix)
