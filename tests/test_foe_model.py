@@ -203,3 +203,28 @@ def test_save_and_load_with_transformers(moe, ids, tmp_path):
 def test_bad_group_count_is_rejected(groups):
     with pytest.raises(ValueError, match="foe_groups"):
         foe_config(moe_config(), groups)
+
+
+def test_train_reference_trains_and_reloads_an_foe_model(tmp_path):
+    """train-reference with foe_groups=2 (tiny preset): it trains, saves, reloads as FoE, same parameter count as
+    the MoE with the same architecture."""
+    from moeplace.models.foe import FoeForCausalLM
+    from moeplace.models.reference import load_reference, preset
+    from moeplace.models.train import train_reference
+
+    counts = {}
+    for h in (1, 2):
+        cfg = preset("tiny", num_kv_heads=2, foe_groups=h, steps=2)
+        m = train_reference(cfg, tmp_path / f"h{h}", progress=False, log=lambda s: None)
+        counts[h] = m["parameters"]
+        assert all(torch.isfinite(torch.tensor(v)) for v in m["heldout_ce_saved_weights"].values())
+    assert counts[1] == counts[2]
+    model, _ = load_reference(path=tmp_path / "h2")
+    assert isinstance(model, FoeForCausalLM) and model.config.foe_groups == 2
+
+
+def test_foe_groups_must_divide_heads_experts_and_top_k():
+    from moeplace.models.reference import preset
+
+    with pytest.raises(ValueError, match="foe_groups"):
+        preset("tiny", foe_groups=2)  # the tiny preset has one KV head
