@@ -18,6 +18,10 @@ def cmd_train_reference(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         overrides["threads"] = args.threads
+    if args.foe_groups is not None:
+        overrides["foe_groups"] = args.foe_groups
+    if args.kv_heads is not None:
+        overrides["num_kv_heads"] = args.kv_heads
     cfg = preset(args.config, **overrides)
     from moeplace.models.train import train_reference
 
@@ -34,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Qwen3-MoE, and write the model folder with held-out prompts, corpus manifest, metrics and "
                     "loss curve. The default config reproduces the shipped model (about 35-60 min on 2 CPU cores).",
         epilog="examples:\n  moeplace train-reference --out out/reference\n"
-               "  moeplace train-reference --config tiny --out /tmp/ref-tiny   # seconds",
+               "  moeplace train-reference --config tiny --out /tmp/ref-tiny   # seconds\n"
+               "  moeplace train-reference --kv-heads 4 --foe-groups 4 --out out/foe4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=output_dir, default="out/reference",
@@ -43,5 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int_in(1, 10_000_000), default=None, help="optimizer steps (default: the config's)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="init / data order seed (default: 0)")
     p.add_argument("--threads", type=int_in(1, 1024), default=None, help="torch threads (default: the config's, 2)")
+    p.add_argument("--foe-groups", type=int_in(1, 64), default=None,
+                   help="train a Federation-of-Experts model with this many groups (docs/FOE.md; must divide the KV "
+                        "heads, experts and top-k; default 1: the MoE)")
+    p.add_argument("--kv-heads", type=int_in(1, 64), default=None,
+                   help="key/value heads (default: the config's; FoE H = 4 needs 4)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train_reference)
