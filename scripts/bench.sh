@@ -30,5 +30,6 @@ else
   echo "== bench: plan_compare skipped (../shared/data/gpt-oss-20b absent)"
 fi
 run ep_layer
+run foe_quality
 "$PY" scripts/readme_figures.py
 echo "results in bench/results/; figures in README.md and docs/ regenerated"
