@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -23,7 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from moeplace.trace.store import DECODE, MAX_EXPERTS, PREFILL, TraceError, TraceMeta, TraceWriter
+from moeplace.trace.store import (
+    DECODE,
+    MAX_EXPERTS,
+    PREFILL,
+    TraceError,
+    TraceMeta,
+    TraceWriter,
+    regular_file_size,
+)
 
 # --------------------------------------------------------------------------------------------------- domains
 
@@ -104,19 +111,8 @@ def _exists(p: Path, what: str) -> Path:
 
 
 def _regular(p: Path, what: str) -> Path:
-    """``p`` after checking it is a readable regular file (a FIFO or device would hang or never end)."""
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise TraceError(f"{p}: no such file ({what})") from None
-    except PermissionError:
-        raise TraceError(f"{p}: permission denied") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise TraceError(f"{p}: is a directory, {what}")
-    if not stat.S_ISREG(st.st_mode):
-        raise TraceError(f"{p}: not a regular file (a FIFO, socket or device), {what}")
-    if not os.access(p, os.R_OK):
-        raise TraceError(f"{p}: permission denied")
+    """``p`` after :func:`moeplace.trace.store.regular_file_size` checked it is a readable regular file."""
+    regular_file_size(p, what)
     return p
 
 
@@ -162,7 +158,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _load_npz(path: Path) -> np.lib.npyio.NpzFile:
-    _regular(path, "expected a .npz archive")
+    _regular(path, "a .npz archive")
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
@@ -207,7 +203,7 @@ def _gpt_oss_paths(src: Path, npz_name: str, meta_name: str) -> tuple[Path, Path
     _exists(src, f"expected a directory with {npz_name} and {meta_name}")
     if src.is_dir():
         return _exists(src / npz_name, "gpt-oss data"), _regular(src / meta_name, "gpt-oss metadata")
-    return src, _regular(src.with_name(meta_name), f"metadata expected next to {src.name}")
+    return src, _regular(src.with_name(meta_name), f"the metadata next to {src.name}")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -637,7 +633,7 @@ def _iter_vllm(path: Path) -> Iterator[_VllmRequest]:
                     d[field_name] = int(per[k][i])
             yield _vllm_request(d, f"{path}: request {i} ({d['request_id']})")
         return
-    _regular(path, "expected a .jsonl or .npz file of vLLM routed experts")
+    _regular(path, "a .jsonl or .npz file of vLLM routed experts")
     with open(path, encoding="utf-8", errors="strict") as fh:
         for ln, line in enumerate(_lines(fh, path), 1):
             if not line.strip():
@@ -734,7 +730,7 @@ _SGL_EXTEND, _SGL_DECODE, _SGL_MIXED = 1, 2, 3
 
 
 def _torch_load(path: Path) -> dict:
-    _regular(path, "expected a .pt file written by SGLang's expert distribution recorder")
+    _regular(path, "a .pt file written by SGLang's expert distribution recorder")
     import pickle
 
     import torch

@@ -752,19 +752,24 @@ def _trace_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def _regular_file_size(f: Path, what: str) -> int:
-    """Size of ``f`` after checking that it is a readable regular file (a link to one is fine)."""
+def regular_file_size(f: str | os.PathLike, what: str) -> int:
+    """Size of ``f`` after checking that it is a readable regular file (a link to one is fine): a FIFO or device
+    would hang or never end. ``what`` names what the file should be, e.g. "trace metadata (JSON)"; every error is
+    a TraceError naming the file and the problem."""
+    f = Path(f)
     try:
         st = os.stat(f)
     except FileNotFoundError:
-        raise TraceError(f"{f}: missing {what}") from None
+        raise TraceError(f"{f}: no such file ({what})") from None
     except PermissionError:
         raise TraceError(f"{f}: permission denied") from None
     except OSError as e:
         raise TraceError(f"{f}: cannot read {what} ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
-        raise TraceError(f"{f}: is {kind}, expected the {what}")
+        raise TraceError(f"{f}: is {kind}, expected {what}")
+    if not os.access(f, os.R_OK):
+        raise TraceError(f"{f}: permission denied")
     return st.st_size
 
 
@@ -779,7 +784,7 @@ def read_meta(path: str | os.PathLike, budget: int | None = None) -> TraceMeta:
     mf = p / META_FILE
     if not (mf.exists() or mf.is_symlink()):
         raise TraceError(f"{p}: not a moeplace trace (no {META_FILE})")
-    size = _regular_file_size(mf, "trace metadata (JSON)")
+    size = regular_file_size(mf, "trace metadata (JSON)")
     if size > META_MAX_BYTES:
         raise TraceError(f"{mf}: {size} bytes, larger than any trace metadata ({META_MAX_BYTES} bytes at most)")
     try:
@@ -842,7 +847,7 @@ def _open_parquet(f: Path, row_bytes: int, budget: int | None, what: str = "trac
     Each row group (the unit the streaming readers decode at once) must fit the memory budget at ``row_bytes``
     per row, and no file may claim more than :data:`MAX_ROWS_PER_BYTE` rows per byte of its size.
     """
-    size = _regular_file_size(f, what)
+    size = regular_file_size(f, what)
     try:
         pf = pq.ParquetFile(f, page_checksum_verification=True)
         md = pf.metadata
@@ -927,7 +932,7 @@ def _read_requests(p: Path, data_files: list[Path], meta: TraceMeta, budget: int
         rf = _request_file(df)
         if not (rf.exists() or rf.is_symlink()):
             raise TraceError(f"{rf}: missing request file for shard {df.name}")
-        _regular_file_size(rf, "request file")
+        regular_file_size(rf, "request file")
         pf = _open_parquet(rf, rb, budget, "request file")
         total += pf.metadata.num_rows
         check_memory(total * rb, f"the request table ({total} rows)", rf, budget)
