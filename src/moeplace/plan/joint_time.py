@@ -33,7 +33,7 @@ import numpy as np
 
 from moeplace.placement import Cluster, CostModel, Fallback
 from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
-from moeplace.plan.base import StrategyResult, Workload, check_sizes
+from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, kmeans
 from moeplace.simulate.batching import BatchConfig, window_microbatches
 from moeplace.simulate.cost import CostConfig
@@ -85,14 +85,13 @@ def affinity_with_counts(use_node: np.ndarray, replica_count: np.ndarray, num_sl
 
 def node_use(token_request: np.ndarray, ids: np.ndarray, homes: np.ndarray, num_nodes: int, gpus_per_node: int,
              num_experts: int) -> np.ndarray:
-    """float [N, L, E]: pairs by the node of the row's home, per layer and expert. ids: int [T, L, K]."""
-    T, L, K = ids.shape
-    node = homes[token_request].astype(np.int64) // gpus_per_node
-    out = np.empty((num_nodes, L, num_experts))
-    for layer in range(L):
-        key = (node[:, None] * num_experts + ids[:, layer, :]).ravel()
-        out[:, layer, :] = np.bincount(key, minlength=num_nodes * num_experts).reshape(num_nodes, num_experts)
-    return out
+    """float [N, L, E]: pairs by the node of the row's home, per layer and expert (joint's per-GPU use summed
+    over each node's GPUs). ids: int [T, L, K]."""
+    from moeplace.plan.joint import use_by_gpu
+
+    L = ids.shape[1]
+    use = use_by_gpu(token_request, ids, homes, num_nodes * gpus_per_node, num_experts)  # [L, W, E]
+    return use.reshape(L, num_nodes, gpus_per_node, num_experts).sum(axis=2).transpose(1, 0, 2)
 
 
 def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, phy2log: np.ndarray,
@@ -133,9 +132,7 @@ def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray
     sel = np.isin(work.token_request, requests)
     tr, ids = work.token_request[sel], work.expert_ids[sel]
     traffic = ~work.admission_rows[sel]
-    load = np.stack([np.bincount(ids[traffic][:, layer, :].ravel(), minlength=E)
-                     for layer in range(work.num_layers)]).astype(np.float64)
-    eplb = rebalance(load, num_slots, 1, N, W)
+    eplb = rebalance(load_from_tokens(ids[traffic], E), num_slots, 1, N, W)
     use_n = node_use(tr, ids, homes, N, G, E)  # prefill and decode rows
     return {"eplb": eplb, "affinity": initial_placement(use_n, num_slots, G),
             "affinity+eplb-replicas": affinity_with_counts(use_n, replica_counts(eplb, E), num_slots, G)}

@@ -186,19 +186,28 @@ def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarr
     phy2log: int [L, P]; cost: needs ``hidden_size``. Returns (micro-batch ids [B], metrics name -> [B, L]) with
     the same names as :attr:`PhaseResult.per_microbatch` (``layer_time`` is the kernel time model's).
     """
-    ids = np.asarray(expert_ids)
-    T, L, K = ids.shape
     if not cost.hidden_size:
         raise ValueError("simulate_rows: CostConfig.hidden_size is required")
+    umb, _, metrics = _route_rows(expert_ids, home, microbatch, phase, phy2log, cluster, cost, model, rule,
+                                  num_experts, replica_costs)
+    return umb, metrics
+
+
+def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
+                phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str, rule: str,
+                num_experts: int | None, replica_costs: ReplicaCosts | None
+                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """:func:`route_microbatches` on array rows (all rows, in row order): the context from the arrays' shapes."""
+    ids = np.asarray(expert_ids)
+    T, L, K = ids.shape
     p2l = np.asarray(phy2log, np.int64)
     E = int(num_experts) if num_experts is not None else max(int(ids.max()) + 1 if ids.size else 1,
                                                             int(p2l.max()) + 1)
     meta = TraceMeta(model=model, num_layers=L, num_experts=E, top_k=K, hidden_size=int(cost.hidden_size))
     plan = Plan(Placement(p2l, E, cluster.world_size), cluster)
     ctx = _make_ctx(meta, plan, cluster, cost, None, rule, 0, replica_costs)
-    umb, _, metrics = route_microbatches(ctx, ids, np.arange(T), np.asarray(home, np.int64),
-                                         np.asarray(microbatch, np.int64), phase)
-    return umb, metrics
+    return route_microbatches(ctx, ids, np.arange(T), np.asarray(home, np.int64), np.asarray(microbatch, np.int64),
+                              phase)
 
 
 # --------------------------------------------------------------------------------------------------- accumulation
@@ -379,31 +388,6 @@ def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray,
     micro-batch are routed in row order); phy2log: int [L, P]. The same compiled routing as :func:`simulate`,
     for a planner that checks a candidate placement on array rows without building a trace.
     """
-    check_rule(rule)
-    ids = np.ascontiguousarray(expert_ids, np.int16)
-    T, L, _ = ids.shape
-    W = cluster.world_size
-    p2l = np.asarray(phy2log, np.int64)
-    E = int(ids.max()) + 1 if ids.size else 1
-    E = max(E, int(p2l.max()) + 1)
-    pl = Placement(p2l, E, W)
-    tab = build_route_tables(p2l, pl.slot_gpu, np.arange(W) // cluster.gpus_per_node, E)
-    order = np.argsort(np.asarray(microbatch, np.int64), kind="stable")
-    _, cnt = np.unique(np.asarray(microbatch)[order], return_counts=True)
-    starts = np.r_[0, np.cumsum(cnt)].astype(np.int64)
-    nb = len(cnt)
-    loads = np.zeros((nb, L, W), np.int64)
-    counts = np.zeros((nb, L, 6), np.int64)
-    node = np.arange(W, dtype=np.int64) // cluster.gpus_per_node
-    rows = order.astype(np.int64)
-    hm = np.ascontiguousarray(np.asarray(home, np.int64)[order])
-    pick = balanced_gpus(ids, rows, hm, starts, tab, rule, replica_costs) if rule in BALANCED_RULES else \
-        np.zeros((0, L, ids.shape[2]), np.int16)
-    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows, hm, starts, tab.kernel_serve(rule),
-                            tab.cand_gpu, tab.cand_ok, pick, node, cluster.gpus_per_node, loads, counts, counts.copy(),
-                            np.zeros((L, W, W), np.int64), np.zeros((L, W, cluster.num_nodes), np.int64),
-                            np.zeros(L, np.int64), np.zeros(L, np.int64), np.zeros_like(loads),
-                            np.zeros((nb, L, 4), np.int64))
-    if max(bad) >= 0:
-        raise ValueError(f"route_load: a token row has an expert id out of range [0, {E})")
+    _, loads, _ = _route_rows(expert_ids, home, microbatch, "decode", phy2log, cluster, CostConfig(hidden_size=1),
+                              "", rule, None, replica_costs)
     return loads.sum(0)
