@@ -9,4 +9,10 @@ header p{margin:4px 0 0;color:#b9c1d0;font-size:13px}
 main{max-width:1250px;margin:0 auto;padding:16px 32px 48px}
 section{background:#fff;border:1px solid #e1e4ea;border-radius:8px;padding:14px 20px;margin:16px 0}
 h2{font-size:17px;margin:2px 0 10px}
-"""  # page frame: header, badge, main column, sections, headings
+table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
+th,td{border-bottom:1px solid #e8eaef;padding:3px 9px;text-align:right}
+th{background:#f0f2f5;font-weight:600}
+td:first-child,th:first-child{text-align:left}
+.na{color:#8a93a3;font-style:italic}
+.note{font-size:13px;color:#3d4555}
+"""  # page frame: header, badge, main column, sections, headings, tables, notes

@@ -30,12 +30,6 @@ _CSS = BASE_CSS + """.cards{display:flex;flex-wrap:wrap;gap:10px}
 figure{margin:8px 0}
 figure img{max-width:100%;height:auto;display:block}
 figcaption{font-size:12px;color:#5b6475;margin-top:2px}
-table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
-th,td{border-bottom:1px solid #e8eaef;padding:3px 9px;text-align:right}
-th{background:#f0f2f5;font-weight:600}
-td:first-child,th:first-child{text-align:left}
-.na{color:#8a93a3;font-style:italic}
-.note{font-size:13px;color:#3d4555}
 .scroll{overflow-x:auto}
 """
 

@@ -31,12 +31,6 @@ _KEYS = {"decode": ("load_per_gpu", "traffic_matrix_bytes"),
          "prefill": ("prefill_load_per_gpu", "prefill_traffic_matrix_bytes")}
 
 _CSS = BASE_CSS + """h3{font-size:14px;margin:8px 0 4px}
-table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
-th,td{border-bottom:1px solid #e8eaef;padding:3px 9px;text-align:right}
-th{background:#f0f2f5;font-weight:600}
-td:first-child,th:first-child{text-align:left}
-.na{color:#8a93a3;font-style:italic}
-.note{font-size:13px;color:#3d4555}
 .warn{font-size:13px;color:#d9480f;font-weight:600}
 .grid{display:flex;flex-wrap:wrap;gap:14px}
 .panel{border:1px solid #e1e4ea;border-radius:6px;padding:6px 10px;background:#fafbfc}
