@@ -341,3 +341,19 @@ def test_plan_from_an_empty_trace_is_refused(tmp_path):
                        tmp_path / "p.json")
         one_line_error(res, "no routed tokens")
         assert not (tmp_path / "p.json").exists()
+
+
+def test_operate_on_an_empty_trace_is_refused(tmp_path):
+    """operate over a stream without token rows is one line, exit 2, and writes no summary."""
+    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
+
+    meta = TraceMeta(model="m", num_layers=2, num_experts=8, top_k=2, hidden_size=16)
+    req = Requests(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int32),
+                   np.zeros(0, np.int32))
+    tok = TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros((0, 2, 2), np.int16))
+    write_trace(tmp_path / "e.trace", Trace(meta, req, tok, None))
+    res = moeplace("operate", tmp_path / "e.trace", "--cluster", "2x2", "--model-preset", "gpt-oss-20b", "--json",
+                   tmp_path / "o.json")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "no routed tokens" in res.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "o.json").exists()

@@ -252,6 +252,9 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
             if lag > 0:
                 time.sleep(lag)
         w += 1
+    if not reports:
+        raise OperateError(f"{stream.label}: no routed tokens to operate on (an empty trace, or one a killed import "
+                           "left behind)")
     bals = [r.balancedness for r in reports]
     return OperateResult(stream.label, pol.name, layer_total + mig_time, layer_total, mig_time, mig_bytes,
                          float(np.mean(bals)) if bals else 1.0, rebalances, reports, params)
