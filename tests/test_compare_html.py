@@ -19,7 +19,7 @@ from moeplace.evaluate.html import render_compare_html
 from moeplace.trace.store import read_meta
 
 TRACE = resources.files("moeplace.data") / "reference-default.trace"
-STRATEGIES = ["linear", "eplb", "joint"]
+MOE_STRATEGIES = ["linear", "eplb", "joint"]
 SECTIONS = ["summary", "frontier", "load", "traffic"]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
@@ -54,7 +54,7 @@ CHECK_SCRIPT = """<script>window.addEventListener('load', function () {
 def compared(tmp_path_factory):
     """The CLI run once: the compare JSON and the HTML page it wrote."""
     tmp = tmp_path_factory.mktemp("cmphtml")
-    rc = main(["compare", str(TRACE), "--cluster", "2x2", "--redundant", "4", "--strategies", ",".join(STRATEGIES),
+    rc = main(["compare", str(TRACE), "--cluster", "2x2", "--redundant", "4", "--strategies", ",".join(MOE_STRATEGIES),
                "--quiet", "--json", str(tmp / "c.json"), "--html", str(tmp / "out" / "c.html")])
     assert rc == 0
     return json.loads((tmp / "c.json").read_text()), tmp / "out" / "c.html"
@@ -98,7 +98,7 @@ def test_rows_keep_per_gpu_load_and_traffic(compared):
     res, _ = compared
     meta = read_meta(TRACE)
     pairs_per_token = meta.num_layers * meta.top_k  # every scored token computes k pairs in each MoE layer
-    for name in STRATEGIES:
+    for name in MOE_STRATEGIES:
         row = res["strategies"][name]
         load = np.array(row["load_per_gpu"])
         assert load.shape == (4,) and load.sum() == res["scored_tokens"] * pairs_per_token
@@ -123,7 +123,7 @@ def test_page_has_sections_and_numbers(compared):
     assert [m for m in re.findall(r"<section id='(\w+)'>", text)] == SECTIONS
     marks = _parse(text)
     cell = {(a["strategy"], a["data-key"]): t for a, t in marks.cells if "data-key" in a}
-    for name in STRATEGIES:
+    for name in MOE_STRATEGIES:
         row = res["strategies"][name]
         assert cell[(name, "decode_layer_time_s")] == f"{row['decode_layer_time_s'] * 1e6:.1f}"
         assert cell[(name, "prefill_layer_time_s")] == f"{row['prefill_layer_time_s'] * 1e6:.1f}"
@@ -140,7 +140,7 @@ def test_page_has_sections_and_numbers(compared):
     frontier = [a for t, a in marks.elems if t == "svg" and "frontier" in a.get("class", "")]
     assert [a["data-kind"] for a in frontier] == ["prefill_time", "decode_time", "balance"]
     total = res["scored_tokens"] * 8 * 4  # the reference trace: 8 MoE layers, top-4
-    assert all(f"{n}: {total:,} pairs" in text for n in STRATEGIES)
+    assert all(f"{n}: {total:,} pairs" in text for n in MOE_STRATEGIES)
 
 
 def _chart(marks: _Marks, kind: str, strategy: str, phase: str) -> list[tuple[str, dict]]:

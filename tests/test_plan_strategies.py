@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moeplace.placement import Cluster, Plan
-from moeplace.plan import STRATEGIES, Workload, make_plan, workload_from_tokens
+from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, make_plan, workload_from_tokens
 from moeplace.plan.base import load_from_tokens
 from moeplace.plan.grouping import Grouper, assign_rounds, balanced_assign, kmeans, normalise_rows
 from moeplace.plan.joint import serve_table
@@ -38,7 +38,7 @@ def work() -> Workload:
     return workload_from_tokens(rid, phase, ids, 16)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", list(MOE_STRATEGIES))
 def test_every_strategy_gives_a_valid_plan(name, work):
     cluster = Cluster(2, 2)
     kw = {"search_evals": 400, "iters": 2} if name == "joint" else {}
@@ -57,7 +57,7 @@ def test_every_strategy_gives_a_valid_plan(name, work):
 
 def test_token_strategies_refuse_load_only_input():
     w = Workload(np.ones((2, 8)))
-    for name, s in STRATEGIES.items():
+    for name, s in ((n, STRATEGIES[n]) for n in MOE_STRATEGIES):
         if s.needs_tokens:
             with pytest.raises(ValueError, match="per-token"):
                 make_plan(name, w, Cluster(2, 2), 0)
@@ -158,7 +158,7 @@ def test_workload_prefix_signal_for_decode_only_requests():
     np.testing.assert_array_equal(w.load, load_from_tokens(ids[~w.admission_rows], 2))
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", list(MOE_STRATEGIES))
 def test_node_with_more_slots_than_experts(name, work):
     """2x2 GPUs, E=16, R=20: each node holds 18 slots, more than there are experts (once a broadcast error)."""
     kw = {"search_evals": 200, "iters": 1} if name == "joint" else {}

@@ -15,7 +15,7 @@ import pytest
 
 from moeplace.data import default_trace_path
 from moeplace.placement import Cluster
-from moeplace.plan import STRATEGIES, make_plan, workload_from_tokens
+from moeplace.plan import MOE_STRATEGIES, make_plan, workload_from_tokens
 
 
 def _spin(stop_at: float) -> None:
@@ -34,13 +34,22 @@ def clustered_work():
     return workload_from_tokens(rid, phase, ids, 16)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", list(MOE_STRATEGIES))
 def test_every_strategy_is_a_function_of_its_inputs_and_seed(name):
     work = clustered_work()
     kw = {"search_evals": 300, "iters": 2} if name == "joint" else {}
     a = make_plan(name, work, Cluster(2, 2), 4, planned_on="w", seed=3, **kw).to_json()
     b = make_plan(name, work, Cluster(2, 2), 4, planned_on="w", seed=3, **kw).to_json()
     assert a == b
+
+
+def test_foe_plan_is_a_function_of_its_inputs():
+    import dataclasses
+
+    work = dataclasses.replace(clustered_work(), foe_groups=2)  # 16 experts, top-2: one expert per group
+    a = make_plan("foe", work, Cluster(1, 4), 0, planned_on="w", seed=3).to_json()
+    b = make_plan("foe", work, Cluster(1, 4), 0, planned_on="w", seed=9).to_json()
+    assert a == b and a["foe_groups"] == 2
 
 
 @pytest.mark.parametrize("objective", ["time", "bytes"])

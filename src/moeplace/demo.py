@@ -58,7 +58,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     "outputs": [paths written]}."""
     from moeplace.analyse.summary import analyse_trace, format_summary
     from moeplace.evaluate import compare, format_table
-    from moeplace.plan import STRATEGIES, get_strategy, make_plan
+    from moeplace.plan import MOE_STRATEGIES, get_strategy, make_plan
     from moeplace.plan.base import workload_from_trace
     from moeplace.plan.export import export_plan
     from moeplace.presets import cluster_from_spec, get_cluster_preset
@@ -68,7 +68,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     from moeplace.trace.store import trace_info
 
     cluster = cluster_from_spec(cfg.cluster, cfg.cluster_preset)
-    names = list(cfg.strategies) or list(STRATEGIES)
+    names = list(cfg.strategies) or list(MOE_STRATEGIES)
     for n in [*names, cfg.export_strategy]:
         get_strategy(n)
     out = cfg.out

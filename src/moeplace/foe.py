@@ -12,6 +12,8 @@ forms (``tests/test_foe.py``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from moeplace.placement import Cluster, Placement, Plan
@@ -72,6 +74,115 @@ def moe_foe_time_ratio(k: int, H: int, r: float, W: int | None = None, n: int | 
     return t_moe / t_foe
 
 
+@dataclass(frozen=True)
+class FoeLayout:
+    """Where FoE's H groups live on W GPUs (G per node), as the paper places them (docs/FOE.md, "Execution").
+
+    W <= H: GPU g holds the H/W whole groups ``[g*H/W, (g+1)*H/W)``; every GPU holds every token (all ranks form
+    one ring of the all-reduce, p = W). W > H: group h spans the ``W/H`` GPUs of block h, ``[h*W/H, (h+1)*W/H)``,
+    all inside one node; a token lives on the GPU with the same index i (its *ring index*) in every block, and
+    those H GPUs form its all-reduce ring (p = H). Group h's experts sit on its block (linear placement:
+    expert e on GPU e // (E/W)), so the all-to-all stays inside the block.
+    """
+
+    groups: int  # H
+    world_size: int  # W
+    gpus_per_node: int  # G
+
+    def __post_init__(self) -> None:
+        H, W, G = self.groups, self.world_size, self.gpus_per_node
+        _check(H=H, W=W, G=G)
+        if W % H and H % W:
+            raise ValueError(f"FoE: {W} GPUs and H={H} groups: one must divide the other")
+        if W > H and (W // H > G or G % (W // H)):
+            raise ValueError(f"FoE: with H={H} groups on {W} GPUs a group spans {W // H} GPUs, which must lie in "
+                             f"one node, but a node has {G} GPUs; use a cluster with at least {W // H} GPUs per "
+                             f"node (a multiple of {W // H}), or a model with more groups")
+
+    @property
+    def block_size(self) -> int:
+        """GPUs one group spans (1 when W <= H)."""
+        return max(self.world_size // self.groups, 1)
+
+    @property
+    def groups_per_gpu(self) -> int:
+        return max(self.groups // self.world_size, 1)
+
+    @property
+    def ring_size(self) -> int:
+        """p = min(W, H): participants of each all-reduce."""
+        return min(self.world_size, self.groups)
+
+    def gpu_groups(self, gpu: int) -> list[int]:
+        """The groups GPU ``gpu`` holds."""
+        if self.world_size >= self.groups:
+            return [gpu // self.block_size]
+        return list(range(gpu * self.groups_per_gpu, (gpu + 1) * self.groups_per_gpu))
+
+    def block(self, gpu: int) -> list[int]:
+        """The GPUs sharing ``gpu``'s groups (its all-to-all group), in rank order."""
+        b = self.block_size
+        return list(range(gpu // b * b, gpu // b * b + b))
+
+    def ring(self, gpu: int) -> list[int]:
+        """The GPUs holding the same tokens as ``gpu`` (its all-reduce ring), in group order."""
+        if self.world_size <= self.groups:
+            return list(range(self.world_size))
+        b = self.block_size
+        return [h * b + gpu % b for h in range(self.groups)]
+
+    def ring_index(self, gpu: int) -> int:
+        """Which tokens ``gpu`` holds: those with this ring index (0 when W <= H: all)."""
+        return gpu % self.block_size if self.world_size > self.groups else 0
+
+    def blocks(self) -> list[list[int]]:
+        return [self.block(g) for g in range(0, self.world_size, self.block_size)]
+
+    def rings(self) -> list[list[int]]:
+        return [self.ring(i) for i in range(self.block_size if self.world_size > self.groups else 1)]
+
+
+def ring_chunks(rows: int, p: int) -> np.ndarray:
+    """int64 [p]: rows of each chunk when a ring all-reduce of ``rows`` rows on p ranks splits it (the first
+    ``rows % p`` chunks one row longer)."""
+    _check(p=p)
+    return np.array([rows // p + (c < rows % p) for c in range(p)], np.int64)
+
+
+def ring_steps(p: int) -> list[tuple[str, np.ndarray]]:
+    """The ring all-reduce schedule: 2(p-1) steps ``(stage, chunk)``; at each step ring position j sends chunk
+    ``chunk[j]`` to position (j+1) % p, which adds it to its own ("reduce", the reduce-scatter) or stores it
+    ("gather", the all-gather). After the p-1 reduce steps position j holds the sum of chunk (j+1) % p."""
+    _check(p=p)
+    j = np.arange(p)
+    return [("reduce", (j - s) % p) for s in range(p - 1)] + [("gather", (j + 1 - s) % p) for s in range(p - 1)]
+
+
+def ring_send_rows(rows: int, p: int) -> np.ndarray:
+    """int64 [p]: rows ring position j sends to position (j+1) % p over a whole all-reduce of ``rows`` rows.
+
+    Each position sends 2(p-1) chunks; summed over positions that is 2(p-1) * rows, i.e. 2(p-1)/p rows per row
+    held per participant, the closed form of :func:`foe_all_reduce_vectors`."""
+    chunks = ring_chunks(rows, p)
+    return np.sum([chunks[c] for _, c in ring_steps(p)], axis=0).astype(np.int64) if p > 1 \
+        else np.zeros(1, np.int64)
+
+
+def allreduce_bytes(rows_per_ring: np.ndarray, layout: FoeLayout, row_bytes: int) -> np.ndarray:
+    """int64 [W, W]: bytes each GPU sends to each other GPU in one layer's cross-group all-reduce, when ring i
+    (``layout.rings()[i]``) reduces ``rows_per_ring[i]`` rows of ``row_bytes`` bytes."""
+    W = layout.world_size
+    out = np.zeros((W, W), np.int64)
+    for ring, rows in zip(layout.rings(), np.asarray(rows_per_ring, np.int64).tolist(), strict=True):
+        p = len(ring)
+        if p < 2:
+            continue
+        sent = ring_send_rows(rows, p)
+        for j in range(p):
+            out[ring[j], ring[(j + 1) % p]] += sent[j] * row_bytes
+    return out
+
+
 def expert_group(expert_ids: np.ndarray, num_experts: int, num_groups: int) -> np.ndarray:
     """FoE group of each expert id: contiguous blocks of E/H experts."""
     if num_experts % num_groups:
@@ -109,9 +220,14 @@ def foe_split(trace: Trace, num_groups: int) -> Trace:
     return Trace(meta, req, TokenChunk(rid, np.repeat(tk.position, H), np.repeat(tk.phase, H), sub))
 
 
-def foe_plan(cluster: Cluster, num_layers: int, num_experts: int, num_groups: int, request_ids: np.ndarray) -> Plan:
-    """Group h's experts on GPU block h (linear placement of contiguous groups); sub-request r*H + h homed on a GPU
-    of block h (round-robin over the block by r)."""
+def foe_plan(cluster: Cluster, num_layers: int, num_experts: int, num_groups: int, request_ids: np.ndarray,
+             ring_index: np.ndarray | None = None) -> Plan:
+    """The plan of :func:`foe_split`'s sub-requests: group h's experts on GPU block h (linear placement of
+    contiguous groups); sub-request r*H + h homed on the GPU of block h with ring index ``ring_index[r]`` (W > H;
+    default r % (W/H)) or on the GPU holding group h (W <= H).
+
+    request_ids: int [R] sub-request ids r*H + h; ring_index: int [R] ring index of each sub-request's original
+    request r (None: r % block size)."""
     W, H = cluster.world_size, int(num_groups)
     if W % H and H % W:
         raise ValueError(f"FoE: {W} GPUs and H={H} groups: one must divide the other")
@@ -120,7 +236,8 @@ def foe_plan(cluster: Cluster, num_layers: int, num_experts: int, num_groups: in
     h, r = rid % H, rid // H
     if W >= H:
         per = W // H
-        home = h * per + r % per
+        ring = r % per if ring_index is None else np.asarray(ring_index, np.int64)
+        home = h * per + ring
     else:
         home = h // (H // W)
     return Plan(placement, cluster, {int(a): int(b) for a, b in zip(rid, home, strict=True)}, strategy=f"foe-H{H}")

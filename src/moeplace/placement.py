@@ -412,9 +412,21 @@ class Plan:
     fallback: Fallback | None = None  # set when the strategy used another method's result
     cost_model: CostModel | None = None  # the cost the strategy minimised, when it used one
     model_layers: ModelLayers | None = None  # the model's layer layout (from the trace); None: not known
+    foe_groups: int = 1  # > 1: a Federation-of-Experts plan for H groups (moeplace.foe.FoeLayout; homes = ring index)
 
     def __post_init__(self) -> None:
         W = self.cluster.world_size
+        if isinstance(self.foe_groups, bool) or not isinstance(self.foe_groups, int) or self.foe_groups < 1:
+            raise ValueError(f"plan: foe_groups must be an integer >= 1, got {self.foe_groups!r}")
+        if self.foe_groups > 1:
+            from moeplace.foe import FoeLayout
+
+            FoeLayout(self.foe_groups, W, self.cluster.gpus_per_node)
+            pl = self.placement
+            if pl.num_slots != pl.num_experts or pl.num_experts % self.foe_groups \
+                    or not (pl.phy2log == np.arange(pl.num_experts)[None, :]).all():
+                raise ValueError(f"plan: an FoE plan (foe_groups={self.foe_groups}) keeps expert e on slot e, "
+                                 "without replicas, so that each group's experts stay on its GPUs")
         if self.model_layers is not None and len(self.model_layers.moe_layer_map) != self.placement.num_layers:
             raise ValueError(f"plan: model_layers maps {len(self.model_layers.moe_layer_map)} MoE layers but the "
                              f"placement has {self.placement.num_layers}")
@@ -470,6 +482,7 @@ class Plan:
             "fallback": None if self.fallback is None else self.fallback.to_json(),
             "cost_model": None if self.cost_model is None else self.cost_model.to_json(),
             "model_layers": None if self.model_layers is None else self.model_layers.to_json(),
+            **({"foe_groups": self.foe_groups} if self.foe_groups > 1 else {}),
             "planned_on": self.planned_on,
             "extra": self.extra,
         }
@@ -508,7 +521,7 @@ class Plan:
                                   cluster.world_size, allow_colocated_replicas=colocated)
             homes = {int(k): v for k, v in m.homes.items()}
             return cls(placement, cluster, homes, m.strategy, m.plan_seconds, m.planned_on, dict(extra), *typed,
-                       model_layers=layers)
+                       model_layers=layers, foe_groups=getattr(m, "foe_groups", 1))
         except schema.SchemaError:
             raise
         except ValueError as e:

@@ -194,6 +194,7 @@ class PlanJSONv2(_Model):
     fallback: FallbackJSON | None
     cost_model: CostModelJSON | None
     model_layers: ModelLayersJSON | None = None  # absent from plans written before it existed
+    foe_groups: PosCount = 1  # Federation of Experts: H groups (written only when > 1)
     plan_seconds: NonNegFinite = 0.0  # not written any more (plans hold no timings); accepted from early v2 files
     planned_on: Text
     extra: dict[str, Any]

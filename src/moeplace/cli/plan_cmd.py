@@ -19,7 +19,7 @@ from moeplace.cli import (
 from moeplace.evaluate import DEFAULT_PREFIX_TOKENS, format_table, run_compare
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
-from moeplace.plan import STRATEGIES, Workload, get_strategy, make_plan
+from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, get_strategy, make_plan
 from moeplace.plan.base import workload_from_trace
 from moeplace.plan.export import MAX_DECODER_LAYERS, layers_of_trace
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS
@@ -79,7 +79,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from moeplace.trace import read_trace
 
     cluster = Cluster.parse(args.cluster)
-    names = args.strategies.split(",") if args.strategies else list(STRATEGIES)
+    names = args.strategies.split(",") if args.strategies else list(MOE_STRATEGIES)
     for n in names:
         get_strategy(n)
     floors = list(args.sweep_floor) if args.sweep_floor else None

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from moeplace.evaluate.score import planning_balance, score_plan, score_plan_phases, sim_metrics
 from moeplace.evaluate.windows import DEFAULT_PREFIX_TOKENS, split_windows
 from moeplace.placement import Cluster, Placement, Plan
-from moeplace.plan import STRATEGIES, get_strategy, make_plan
+from moeplace.plan import FOE_STRATEGIES, MOE_STRATEGIES, get_strategy, make_plan
 from moeplace.simulate import CostConfig
 from moeplace.trace.store import Trace, TraceMeta
 
@@ -52,9 +52,12 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
     cost: the time model (default: the trace's hidden size, kernel ``auto``). Rows give the predicted MoE layer
     time per micro-batch for prefill and decode, and, when eplb is compared, each strategy's ratio to eplb's.
     """
-    names = list(strategies or STRATEGIES)
+    names = list(strategies or MOE_STRATEGIES)
     for n in names:
         get_strategy(n)
+        if n in FOE_STRATEGIES:
+            raise ValueError(f"compare scores plain MoE execution; strategy {n!r} plans an FoE model, whose all-to-all "
+                             "and all-reduce run-ep measures (docs/FOE.md)")
     win = split_windows(trace, holdout, split, seed, prefix_tokens, arrival)
     meta: TraceMeta = trace.meta
     base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant), cluster,

@@ -24,6 +24,7 @@ from moeplace.placement import Cluster, GrouperSpec, Placement, Plan, check_slot
 from moeplace.plan.activation_clusters import plan_activation_clusters
 from moeplace.plan.base import StrategyResult, Workload, workload_from_tokens
 from moeplace.plan.eplb import plan_eplb
+from moeplace.plan.foe import plan_foe
 from moeplace.plan.graph import plan_coactivation, plan_hypergraph
 from moeplace.plan.joint import plan_joint
 from moeplace.plan.linear import plan_linear, plan_round_robin
@@ -50,9 +51,13 @@ _ALL = (
     Strategy("hypergraph", plan_hypergraph, True, False, "Mt-KaHyPar on token expert-set hyperedges (connectivity)"),
     Strategy("joint", plan_joint, True, True,
              "ours: placement, replication and grouping together for inter-node bytes under a balance floor"),
+    Strategy("foe", plan_foe, False, False,
+             "Federation of Experts: each group's experts on its own GPUs (FoE traces only; docs/FOE.md)"),
 )
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in _ALL}
+FOE_STRATEGIES = ("foe",)  # plans for an FoE model's execution (run-ep); compare and the demo score plain MoE
+MOE_STRATEGIES: tuple[str, ...] = tuple(n for n in STRATEGIES if n not in FOE_STRATEGIES)
 
 
 def _check_registry() -> None:
@@ -104,8 +109,9 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
     t = typed_from_extra(dict(res.extra), strategy, f"strategy {strategy!r}: extra")
     grouper = GrouperSpec.from_json(res.grouper.to_json()) if res.grouper is not None else None
     return Plan(placement, cluster, homes, strategy, dt, planned_on, t.extra, grouper,
-                res.balance or t.balance, res.fallback or t.fallback, res.cost_model or t.cost_model)
+                res.balance or t.balance, res.fallback or t.fallback, res.cost_model or t.cost_model,
+                foe_groups=res.foe_groups)
 
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyResult", "Workload", "get_strategy", "make_plan",
-           "workload_from_tokens"]
+__all__ = ["FOE_STRATEGIES", "MOE_STRATEGIES", "STRATEGIES", "Strategy", "StrategyResult", "Workload", "get_strategy",
+           "make_plan", "workload_from_tokens"]

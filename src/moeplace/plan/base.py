@@ -37,6 +37,7 @@ class Workload:
     prefill_rows: np.ndarray | None = None  # bool [T]: rows of the prompt (prefill phase); None: unknown
     model: str = ""  # the model the rows come from (a preset name fixes expert sizes for time objectives)
     hidden_size: int | None = None  # elements per token vector (for time objectives); None: unknown
+    foe_groups: int = 1  # H of a Federation-of-Experts model's trace (1: plain MoE)
 
     def __post_init__(self) -> None:
         load = np.asarray(self.load, np.float64)
@@ -110,6 +111,7 @@ class StrategyResult:
     balance: BalanceOutcome | None = None  # the floor and what the strategy reached (strategies with a floor)
     fallback: Fallback | None = None  # set when the strategy used another method's result
     cost_model: CostModel | None = None  # the cost it minimised, when it used one
+    foe_groups: int = 1  # > 1: an FoE plan (strategy foe)
 
 
 def request_expert_counts(token_request: np.ndarray, expert_ids: np.ndarray, num_requests: int,
@@ -199,7 +201,8 @@ def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tu
     t = read_trace(trace)
     info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}
     if t.tokens is None:
-        return Workload(t.counts.counts.sum(axis=0)), info
+        return Workload(t.counts.counts.sum(axis=0), foe_groups=int(getattr(t.meta, "foe_groups", 1))), info
     tk = t.tokens
     work = workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens)
-    return dataclasses.replace(work, model=t.meta.model, hidden_size=t.meta.hidden_size), info
+    return dataclasses.replace(work, model=t.meta.model, hidden_size=t.meta.hidden_size,
+                               foe_groups=int(getattr(t.meta, "foe_groups", 1))), info

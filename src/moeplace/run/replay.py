@@ -210,12 +210,14 @@ def compute_seconds(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig,
 # ------------------------------------------------------------------------------------------------ rank side
 
 
-def _hidden(cfg: ReplayConfig, batch_index: int, T: int) -> torch.Tensor:
+def token_hidden(cfg: ReplayConfig, batch_index: int, T: int) -> torch.Tensor:
+    """float32 [T, H]: the hidden vectors of micro-batch ``batch_index`` (the same in every process)."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + batch_index)
     return torch.randn(T, cfg.hidden, generator=g, dtype=torch.float32)  # [T, H]
 
 
-def _experts(cfg: ReplayConfig, num_experts: int) -> ExpertWeights:
+def expert_table(cfg: ReplayConfig, num_experts: int) -> ExpertWeights:
+    """The E experts every rank and the reference use (``cfg.weights``: random, or id-encoding)."""
     if cfg.weights == "id":
         return ExpertWeights.id_encoding(num_experts, cfg.hidden, DTYPES[cfg.dtype])
     return ExpertWeights.random(num_experts, cfg.hidden, cfg.ffn, seed=cfg.seed, dtype=DTYPES[cfg.dtype])
@@ -236,7 +238,7 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch], np.ndarray 
     rank, W = ctx.rank, ctx.world_size
     device = torch.device(ctx.device)
     dtype = DTYPES[cfg.dtype]
-    full = _experts(cfg, num_experts).to(device)  # one weight table shared by every layer and case
+    full = expert_table(cfg, num_experts).to(device)  # one weight table shared by every layer and case
     recorder = TrafficRecorder(W)
     state = []
     for phy2log, batches, wait in cases:
@@ -247,7 +249,7 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch], np.ndarray 
         inputs = []
         for b, mb in enumerate(batches):
             mine = np.flatnonzero(mb.home == rank)
-            inputs.append((mine, _hidden(cfg, b, len(mb))[mine].to(dtype).to(device),  # [T_r, H]
+            inputs.append((mine, token_hidden(cfg, b, len(mb))[mine].to(dtype).to(device),  # [T_r, H]
                            torch.as_tensor(mb.slots[mine], device=device),  # [T_r, L, K]
                            torch.as_tensor(mb.weights[mine], device=device)))  # [T_r, L, K]
         M = len(batches)
@@ -298,8 +300,8 @@ def replay_rank(ctx, cases: list[tuple[np.ndarray, list[MicroBatch], np.ndarray 
 def reference_outputs(batch: MicroBatch, batch_index: int, num_experts: int, cfg: ReplayConfig) -> np.ndarray:
     """Single-process reference for one micro-batch: float32 [T, L, H] (same weights and inputs as the ranks)."""
     dtype = DTYPES[cfg.dtype]
-    full = _experts(cfg, num_experts)
-    x = _hidden(cfg, batch_index, len(batch)).to(dtype)
+    full = expert_table(cfg, num_experts)
+    x = token_hidden(cfg, batch_index, len(batch)).to(dtype)
     L = batch.expert_ids.shape[1]
     return np.stack([reference_moe(full, x, torch.as_tensor(batch.expert_ids[:, layer]),
                                    torch.as_tensor(batch.weights[:, layer])).float().numpy()

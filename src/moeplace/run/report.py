@@ -28,6 +28,7 @@ from moeplace.run.replay import (
     ReplayResult,
     batches_from_window,
     check_batches,
+    compute_seconds,
     predict,
     replay,
     select_window,
@@ -131,6 +132,8 @@ class PreparedRun:
     config: ReplayConfig
     batching: BatchConfig
     compute_cluster: Cluster  # the plan's cluster with the emulated device's rates (time model of the prediction)
+    rows: tuple[Any, ...] = ()  # rows[m]: int [T_m] window token indices of micro-batch m
+    foe: bool = False  # an FoE model's trace and plan (moeplace.run.foe_replay)
 
 
 def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
@@ -192,11 +195,25 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
         raise ValueError(f"plan {opts.plan} does not fit trace {opts.trace}: the plan places L={pl.num_layers} "
                          f"layers x E={pl.num_experts} experts, the trace has L={meta.num_layers} x "
                          f"E={meta.num_experts}")
+    foe_t = int(getattr(meta, "foe_groups", 1))
+    if foe_t != plan.foe_groups:
+        raise ValueError(f"plan {opts.plan} is for " + (f"an FoE model with {plan.foe_groups} groups" if
+                         plan.foe_groups > 1 else "a plain MoE") + f", but trace {opts.trace} is of " +
+                         (f"an FoE model with {foe_t} groups" if foe_t > 1 else "a plain MoE") +
+                         ("; plan it with --strategy foe" if foe_t > 1 else ""))
+    if foe_t > 1 and opts.two_hop:
+        raise ValueError("--two-hop forwards inter-node rows inside a node; an FoE all-to-all never leaves a "
+                         "group's node, so it does not apply to FoE traces")
     cfg = ReplayConfig(hidden=opts.hidden, ffn=opts.ffn, dtype=opts.dtype, two_hop=opts.two_hop,
                        repeats=opts.repeats, timeout=opts.timeout, emulate_compute=opts.emulate_compute)
     batching = BatchConfig(decode_batch=opts.batch_tokens, prefill_tokens=opts.batch_tokens)
     sub, rows = select_window(trace, plan, batching, opts.phase, opts.microbatches, opts.skip)
-    batches = batches_from_window(sub, rows, plan, opts.rule)
+    if foe_t > 1:
+        from moeplace.run.foe_replay import foe_batches
+
+        batches = foe_batches(sub, rows, plan)
+    else:
+        batches = batches_from_window(sub, rows, plan, opts.rule)
     check_batches(plan, batches)
     sizes = [len(b) for b in batches]
     need = W * rank_memory_bytes(pl.num_experts, meta.top_k, max(sizes, default=0), sum(sizes), cfg)
@@ -211,11 +228,24 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
     rates = {k: v for k, v in (("expert_flops", opts.compute_flops),
                                ("hbm_bw", None if opts.compute_hbm_gbps is None else opts.compute_hbm_gbps * 1e9))
              if v is not None}
-    return PreparedRun(plan, sub, batches, cfg, batching, dataclasses.replace(plan.cluster, **rates))
+    return PreparedRun(plan, sub, batches, cfg, batching, dataclasses.replace(plan.cluster, **rates), tuple(rows),
+                       foe_t > 1)
 
 
-def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, EmulatedCluster | None]:
-    """Run the prepared micro-batches in W rank processes where ``opts`` says; returns the result and the emulated
+def _replay(prep: PreparedRun, **kw):
+    """The plain replay, or the FoE replay for an FoE run (same launch keywords)."""
+    if not prep.foe:
+        return replay(prep.plan, prep.batches, prep.config, **kw)
+    from moeplace.run.foe_replay import foe_replay
+
+    cc = kw.pop("compute_cluster")
+    waits = compute_seconds(prep.plan, prep.batches, prep.config, cc) if prep.config.emulate_compute else None
+    return foe_replay(prep.plan, prep.batches, prep.config, waits=waits, **kw)
+
+
+def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[Any, EmulatedCluster | None]:
+    """Run the prepared micro-batches in W rank processes where ``opts`` says; returns the result
+    (:class:`ReplayResult`, or :class:`moeplace.run.foe_replay.FoeReplayResult` for an FoE run) and the emulated
     cluster it ran on (None: plain, on the host's loopback). Raises RankFailed, TimeoutError, NetnsError, or
     ClusterBusy when a ``--netns`` cluster is being changed."""
     plan = prep.plan
@@ -230,11 +260,11 @@ def execute(prep: PreparedRun, opts: RunEpOptions) -> tuple[ReplayResult, Emulat
             if (emu.num_nodes, emu.gpus_per_node) != (N, G):
                 raise ValueError(f"--netns {opts.netns} is {emu.num_nodes}x{emu.gpus_per_node}, the plan needs "
                                  f"{N}x{G}")
-            return replay(plan, prep.batches, prep.config, **kw, **emu.launch_kwargs()), emu
+            return _replay(prep, **kw, **emu.launch_kwargs()), emu
     if opts.emulate:
         with emulated_cluster(N, G, opts.inter_gbit, opts.inter_delay_ms) as emu:
-            return replay(plan, prep.batches, prep.config, **kw, **emu.launch_kwargs()), emu
-    return replay(plan, prep.batches, prep.config, **kw), None
+            return _replay(prep, **kw, **emu.launch_kwargs()), emu
+    return _replay(prep, **kw), None
 
 
 def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, emu: EmulatedCluster | None,
@@ -243,6 +273,8 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
     prediction for the same micro-batches (``predicted``), and whether the bytes agree (``bytes_match_simulator``).
     """
     plan, cfg = prep.plan, prep.config
+    if prep.foe:
+        return _build_foe_report(opts, prep, result, emu, backend)
     measured = summarize(result)
     sim = predict(prep.window, plan, cfg, prep.batching, opts.rule, prep.compute_cluster).all.to_json()
     pre = "two_hop_" if cfg.two_hop else ""
@@ -251,6 +283,18 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
     # the kernel time model (nccl, or deepep-normal two-hop): its expert_time is what emulated compute waits
     predicted["kernel_time"] = {k: sim["kernel_time"][k] for k in ("layer_time_s", "dispatch_time_s",
                                                                    "combine_time_s", "expert_time_s")}
+    return {
+        **_report_head(opts, prep, emu, backend),
+        **measured,
+        "predicted": predicted,
+        "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"]
+                                     for k in ("inter_node_bytes", "intra_node_bytes")),
+    }
+
+
+def _report_head(opts: RunEpOptions, prep: PreparedRun, emu: EmulatedCluster | None, backend: str) -> dict:
+    """What ran, where and how: the keys every run-ep report starts with."""
+    plan, cfg = prep.plan, prep.config
     return {
         "trace": str(opts.trace), "plan": str(opts.plan), "strategy": plan.strategy, "cluster": plan.cluster.spec(),
         "emulation": None if emu is None else {"mode": emu.mode, "name": emu.name, "inter_gbit": emu.inter_gbit,
@@ -266,10 +310,29 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
                                       "compute_overhead": prep.compute_cluster.compute_overhead}},
         "window": {"phase": opts.phase, "skip": opts.skip, "num_microbatches": len(prep.batches),
                    "num_tokens": int(sum(len(b) for b in prep.batches))},
+    }
+
+
+FOE_BYTE_KEYS = ("inter_node_bytes", "intra_node_bytes", "allreduce_inter_node_bytes", "allreduce_intra_node_bytes")
+
+
+def _build_foe_report(opts: RunEpOptions, prep: PreparedRun, result: Any, emu: EmulatedCluster | None,
+                      backend: str) -> dict[str, Any]:
+    """The run-ep JSON of an FoE run: measured all-to-all and all-reduce bytes and times, the simulator's FoE replay
+    of the same micro-batches (``predicted``) and the closed forms of docs/MODEL.md."""
+    from moeplace.run.foe_replay import summarize_foe
+    from moeplace.run.replay import replay_cost
+    from moeplace.simulate.foe import replay_foe
+
+    measured = summarize_foe(result)
+    predicted = replay_foe(prep.window, list(prep.rows), prep.plan, replay_cost(prep.config), prep.batching)
+    ar_total = measured["allreduce_inter_node_bytes"]["total"] + measured["allreduce_intra_node_bytes"]["total"]
+    return {
+        **_report_head(opts, prep, emu, backend),
         **measured,
         "predicted": predicted,
-        "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"]
-                                     for k in ("inter_node_bytes", "intra_node_bytes")),
+        "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"] for k in FOE_BYTE_KEYS),
+        "allreduce_matches_closed_form": ar_total == predicted["closed_form"]["allreduce_bytes"],
     }
 
 
@@ -277,6 +340,17 @@ def summary_line(report: dict[str, Any], out: str | os.PathLike | None = None) -
     """One line for a person: what ran, the bytes (and whether the simulator agrees), the layer time."""
     inter, intra = report["inter_node_bytes"]["total"], report["intra_node_bytes"]["total"]
     w = report["window"]
+    if "foe" in report:
+        f = report["foe"]
+        line = (f"run-ep FoE (H={f['groups']}) on {report['cluster']}: {w['num_tokens']} tokens in "
+                f"{w['num_microbatches']} micro-batches; all-to-all inter-node {inter:,} B, intra-node {intra:,} B; "
+                f"all-reduce inter-node {report['allreduce_inter_node_bytes']['total']:,} B, intra-node "
+                f"{report['allreduce_intra_node_bytes']['total']:,} B (simulator: "
+                f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "
+                f"{report['layer_time_s']['total'] * 1e3:.1f} ms (all-reduce "
+                f"{report['allreduce_time_s']['total'] * 1e3:.1f} ms)"
+                + (" (expert compute emulated)" if report["config"].get("emulate_compute") else ""))
+        return line + (f" -> {out}" if out is not None else "")
     line = (f"run-ep {report['strategy']} on {report['cluster']} ({report['dedup']}): {w['num_tokens']} tokens in "
             f"{w['num_microbatches']} micro-batches; inter-node {inter:,} B, intra-node {intra:,} B (simulator: "
             f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "

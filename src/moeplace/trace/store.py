@@ -159,6 +159,7 @@ class TraceMeta:
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)  # free-form provenance (licenses, dataset names, ...)
     written_by: str = ""  # "moeplace" when TraceWriter made the folder: only then may --overwrite replace it
+    foe_groups: int = 1  # Federation of Experts: H groups (1: plain MoE); columns ordered group by group
 
     def __post_init__(self) -> None:
         try:
