@@ -195,7 +195,7 @@ class TraceMeta:
         _of_type("written_by", self.written_by, (str,), "a string")
         _of_type("extra", self.extra, (dict,), "a JSON object")
         self.format_version = _int_value("format_version", self.format_version, 1, FORMAT_VERSION)
-        self.foe_groups = _int_value("foe_groups", self.foe_groups, 1, self.top_k)
+        self.foe_groups = _int_value("foe_groups", self.foe_groups, 1, MAX_TOP_K)
         if self.num_experts % self.foe_groups or self.top_k % self.foe_groups:
             raise TraceError(f"foe_groups={self.foe_groups} must divide num_experts={self.num_experts} and "
                              f"top_k={self.top_k} (each group owns E/H experts and routes K/H of them)")
