@@ -190,6 +190,13 @@ def expert_group(expert_ids: np.ndarray, num_experts: int, num_groups: int) -> n
     return np.asarray(expert_ids) // (num_experts // num_groups)
 
 
+def trace_groups(meta: TraceMeta) -> int:
+    """H of a trace: its FoE groups (``meta.foe_groups``; 1 for a plain MoE trace). When H > 1 the reader has
+    checked that every layer's K columns are ordered group by group (columns ``[h*K/H, (h+1)*K/H)`` hold experts of
+    ``[h*E/H, (h+1)*E/H)``), so ``expert_ids.reshape(T, L, H, K/H)`` splits a token's experts by group."""
+    return int(meta.foe_groups)
+
+
 def foe_split(trace: Trace, num_groups: int) -> Trace:
     """One sub-token per (token, group): request id r*H + h, the group's k/H experts, same position and phase.
 
@@ -212,7 +219,7 @@ def foe_split(trace: Trace, num_groups: int) -> Trace:
     T, L, _ = ids.shape
     sub = ids.reshape(T, L, H, kh).transpose(0, 2, 1, 3).reshape(T * H, L, kh)
     rid = (np.repeat(tk.request_id, H) * H + np.tile(np.arange(H), T)).astype(np.int64)
-    meta = TraceMeta(**{**m.to_json(), "top_k": kh, "has_weights": False,
+    meta = TraceMeta(**{**m.to_json(), "top_k": kh, "has_weights": False, "foe_groups": 1,
                         "source": f"{m.source} | foe_split(H={H})"})
     r = trace.requests
     req = Requests(np.repeat(r.request_id, H) * H + np.tile(np.arange(H), len(r)), np.repeat(r.domain, H),

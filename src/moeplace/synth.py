@@ -312,7 +312,7 @@ def _meta(preset: ModelPreset, cfg: SynthConfig, params: _Params, extra: dict) -
     return TraceMeta(
         model=preset.hf_id, num_layers=preset.num_layers, num_experts=preset.num_experts, top_k=preset.top_k,
         num_shared_experts=preset.num_shared_experts, hidden_size=preset.hidden_size,
-        moe_layer_map=list(preset.moe_layer_map), synthetic=True,
+        moe_layer_map=list(preset.moe_layer_map), synthetic=True, foe_groups=cfg.foe_groups or 1,
         source=f"synthetic: moeplace.synth {kind}workload for preset {preset.name} (seed {cfg.seed}); not real routing",
         extra={"generator": "moeplace.synth", "preset": preset.to_json(), "config": asdict(cfg),
                "params": asdict(params), **extra},

@@ -210,7 +210,10 @@ CASES = [
     Case("layer-map-wrong-length", lambda t: _meta(t, moe_layer_map=[0, 1, 2]), "error"),
     Case("extra-is-list", lambda t: _meta(t, extra=[1]), "error"),
     Case("model-null", lambda t: _meta(t, model=None), "error"),
+    Case("foe-groups-not-dividing", lambda t: _meta(t, foe_groups=3), "error"),
+    Case("foe-groups-string", lambda t: _meta(t, foe_groups="2"), "error"),
     # metadata that disagrees with the shards
+    Case("foe-groups-ids-ungrouped", lambda t: _meta(t, foe_groups=2), "error", S0, info="ok"),  # random ids
     Case("meta-layers-disagree", lambda t: _meta(t, num_layers=3), "error", S0),
     Case("meta-says-weights", lambda t: _meta(t, has_weights=True), "error", S0),
     Case("meta-says-counts", lambda t: _meta(t, kind="counts"), "ok"),  # a counts trace with no shards: empty

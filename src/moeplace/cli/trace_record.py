@@ -44,6 +44,8 @@ def _load_model(spec: str, device: str, dtype: str):
     d = Path(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import moeplace.models.foe  # noqa: F401  (registers model_type "qwen3_foe", so a saved FoE folder loads)
+
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
@@ -116,8 +118,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         return 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
+    foe = f", FoE groups H={meta.foe_groups}" if meta.foe_groups > 1 else ""
     print(f"recorded {s['requests']} requests ({s['prefill_tokens']} prefill + {s['decode_tokens']} decode tokens; "
-          f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}) in {s['seconds']:.1f} s -> {args.out}")
+          f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}{foe}) in {s['seconds']:.1f} s -> {args.out}")
     return 0
 
 

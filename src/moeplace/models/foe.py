@@ -48,6 +48,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeForCausalLM,
     Qwen3MoeModel,
+    Qwen3MoeTopKRouter,
     apply_rotary_pos_emb,
     eager_attention_forward,
     load_balancing_loss_func,
@@ -122,6 +123,27 @@ def route_groups(x: torch.Tensor, gate_weight: torch.Tensor, groups: int, top_k:
     return GroupRouting(logits, idx.permute(1, 0, 2), w.to(logits.dtype).permute(1, 0, 2))
 
 
+class FoeGroupTopKRouter(Qwen3MoeTopKRouter):
+    """Qwen3-MoE's router module (the same single parameter ``weight`` [E, D]) routing per FoE group with
+    :func:`route_groups`. It replaces ``mlp.gate`` of every FoE layer, so parameter names stay Qwen3-MoE's.
+
+    ``forward(x [N, D]) -> (router_logits [N, E], topk_weights [N, K], topk_indices [N, K])``: the transformers
+    router contract, so :mod:`moeplace.trace.capture` hooks it like any ``*TopKRouter``. The K columns are ordered
+    group by group: columns ``[h*Kg, (h+1)*Kg)`` hold group h's experts (ids in ``[h*Eg, (h+1)*Eg)``) and weights;
+    ``router_logits[:, h*Eg:(h+1)*Eg]`` are group h's logits."""
+
+    def __init__(self, config: FoeConfig):
+        super().__init__(config)
+        self.groups = config.foe_groups  # H
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = hidden_states.reshape(-1, self.hidden_dim)  # [N, D]
+        n = x.shape[0]
+        rt = route_groups(x, self.weight, self.groups, self.top_k, self.norm_topk_prob)
+        logits = rt.logits.permute(1, 0, 2).reshape(n, self.num_experts)  # [H, N, Eg] -> [N, E]
+        return logits, rt.weights.reshape(n, self.top_k), rt.expert_ids.reshape(n, self.top_k)
+
+
 def foe_aux_loss(router_logits: tuple[torch.Tensor, ...], groups: int, top_k: int) -> torch.Tensor:
     """Load-balancing loss of an FoE model: Qwen3-MoE's Switch-style loss computed per group over its Eg
     experts with top-Kg (pooled over layers, as Qwen3-MoE pools them), summed over groups, so that perfect balance
@@ -155,6 +177,10 @@ class FoeModel(Qwen3MoeModel):
     def __init__(self, config: FoeConfig):
         config.check_foe()
         super().__init__(config)
+        for layer in self.layers:  # the group router takes over the (already initialised) router weight
+            router = FoeGroupTopKRouter(config)
+            router.weight = layer.mlp.gate.weight
+            layer.mlp.gate = router
 
     def _attention(self, layer, r: torch.Tensor, position_embeddings, attention_mask, past_key_values,
                    **kwargs) -> torch.Tensor:
@@ -210,6 +236,7 @@ class FoeModel(Qwen3MoeModel):
         pos = self.rotary_emb(inputs_embeds, position_ids=position_ids)
 
         hgr, b, s, dm = cfg.foe_groups, *inputs_embeds.shape
+        eg, kg = cfg.num_experts // hgr, cfg.num_experts_per_tok // hgr
         h = inputs_embeds  # [B, S, D] shared post-attention residual (layer 0: the replicated embedding)
         m = torch.zeros((hgr, b, s, dm), dtype=h.dtype, device=h.device)  # [H, B, S, D] groups' MoE outputs
         logits_all, ids_all = [], []
@@ -217,12 +244,13 @@ class FoeModel(Qwen3MoeModel):
             a = self._attention(layer, h + m, pos, mask, past_key_values, **kwargs)  # r_h = h + m_h
             h = h + cross_group_sum(m + a)
             x = layer.post_attention_layernorm(h).reshape(-1, dm)  # [T, D], identical on every group
-            rt = route_groups(x, layer.mlp.gate.weight, hgr, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+            logits, weights, ids = layer.mlp.gate(x)  # [T, E], [T, K], [T, K]: columns group by group
+            ids, weights = ids.view(-1, hgr, kg), weights.view(-1, hgr, kg)  # [T, H, Kg]
             experts = layer.mlp.experts
-            m = torch.stack([experts(x, rt.expert_ids[:, g], rt.weights[:, g]) for g in range(hgr)]).view(hgr, b, s, dm)
+            m = torch.stack([experts(x, ids[:, g], weights[:, g]) for g in range(hgr)]).view(hgr, b, s, dm)
             if want_router:
-                logits_all.append(rt.logits)
-                ids_all.append(rt.expert_ids)
+                logits_all.append(logits.view(-1, hgr, eg).transpose(0, 1))  # [H, T, Eg]
+                ids_all.append(ids)
         h = self.norm(h + cross_group_sum(m))  # the groups summed before the final norm
         return FoeModelOutput(last_hidden_state=h, past_key_values=past_key_values if use_cache else None,
                               router_logits=tuple(logits_all) if want_router else None,

@@ -201,8 +201,8 @@ def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tu
     t = read_trace(trace)
     info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}
     if t.tokens is None:
-        return Workload(t.counts.counts.sum(axis=0), foe_groups=int(getattr(t.meta, "foe_groups", 1))), info
+        return Workload(t.counts.counts.sum(axis=0), foe_groups=t.meta.foe_groups), info
     tk = t.tokens
     work = workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, t.meta.num_experts, prefix_tokens)
     return dataclasses.replace(work, model=t.meta.model, hidden_size=t.meta.hidden_size,
-                               foe_groups=int(getattr(t.meta, "foe_groups", 1))), info
+                               foe_groups=t.meta.foe_groups), info

@@ -195,7 +195,7 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
         raise ValueError(f"plan {opts.plan} does not fit trace {opts.trace}: the plan places L={pl.num_layers} "
                          f"layers x E={pl.num_experts} experts, the trace has L={meta.num_layers} x "
                          f"E={meta.num_experts}")
-    foe_t = int(getattr(meta, "foe_groups", 1))
+    foe_t = meta.foe_groups
     if foe_t != plan.foe_groups:
         raise ValueError(f"plan {opts.plan} is for " + (f"an FoE model with {plan.foe_groups} groups" if
                          plan.foe_groups > 1 else "a plain MoE") + f", but trace {opts.trace} is of " +

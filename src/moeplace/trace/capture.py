@@ -102,6 +102,7 @@ def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | 
     ``sample_every``: record 1 in n requests (sampling rate 1/n). ``model_name`` defaults to the name or path the
     model was loaded from, else its class name. The MoE-layer map comes from the router module names, so dense
     layers (DeepSeek-V3's ``first_k_dense_replace``, Qwen's ``mlp_only_layers``) are left out of L.
+    ``foe_groups`` is the config's ``foe_groups`` (a Federation-of-Experts model, :mod:`moeplace.models.foe`), else 1.
     """
     n = _check_sample_every(sample_every)
     routers = find_routers(model)
@@ -114,6 +115,7 @@ def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | 
     if shared is None:  # Qwen2-MoE: one gated shared expert when its intermediate size is nonzero
         shared = 1 if getattr(cfg, "shared_expert_intermediate_size", 0) else 0
     name = model_name or getattr(model.config, "name_or_path", "") or type(model).__name__
+    foe_groups = getattr(cfg, "foe_groups", None) or 1  # FoE (moeplace.models.foe): the router orders ids by group
     import transformers
 
     return TraceMeta(
@@ -126,6 +128,7 @@ def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | 
         moe_layer_map=[layer for layer, _, _ in routers],
         sampling_rate=1.0 / n,
         has_weights=True,
+        foe_groups=int(foe_groups),
         source=f"moeplace.trace.capture (transformers {transformers.__version__}, {type(model).__name__})",
         extra={
             "architecture": type(model).__name__,

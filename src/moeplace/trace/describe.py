@@ -27,6 +27,9 @@ def format_trace_info(info: dict) -> str:
         f"domains    {doms}",
         f"on disk    {format_bytes(info['size_bytes'])} in {info['num_shards']} shard(s)",
     ]
+    if info.get("foe_groups", 1) > 1:
+        lines.append(f"FoE groups: {info['foe_groups']}  (K/H={info['top_k'] // info['foe_groups']} experts per "
+                     f"group among E/H={info['num_experts'] // info['foe_groups']})")
     if info["source"]:
         lines.append(f"source     {info['source']}")
     return "\n".join(lines)

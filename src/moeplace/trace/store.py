@@ -159,7 +159,7 @@ class TraceMeta:
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)  # free-form provenance (licenses, dataset names, ...)
     written_by: str = ""  # "moeplace" when TraceWriter made the folder: only then may --overwrite replace it
-    foe_groups: int = 1  # Federation of Experts: H groups (1: plain MoE); columns ordered group by group
+    foe_groups: int = 1  # H: Federation-of-Experts groups (1 = plain MoE); H > 1: ids ordered group by group
 
     def __post_init__(self) -> None:
         try:
@@ -195,6 +195,10 @@ class TraceMeta:
         _of_type("written_by", self.written_by, (str,), "a string")
         _of_type("extra", self.extra, (dict,), "a JSON object")
         self.format_version = _int_value("format_version", self.format_version, 1, FORMAT_VERSION)
+        self.foe_groups = _int_value("foe_groups", self.foe_groups, 1, MAX_TOP_K)
+        if self.num_experts % self.foe_groups or self.top_k % self.foe_groups:
+            raise TraceError(f"foe_groups={self.foe_groups} must divide num_experts={self.num_experts} and "
+                             f"top_k={self.top_k} (each group owns E/H experts and routes K/H of them)")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -355,7 +359,8 @@ def check_expert_ids(expert_ids: np.ndarray, meta: TraceMeta, where: str = "expe
     """Validate routing ids against the metadata; returns them as int16 [T, L, K].
 
     Ids must be integers in [0, E), and a token's K experts in one layer must be distinct (a router picks K
-    different experts).
+    different experts). With ``meta.foe_groups`` = H > 1, column j of every layer must hold an expert of group
+    ``j // (K/H)``, i.e. an id in ``[h*E/H, (h+1)*E/H)`` for ``h = j // (K/H)`` (docs/TRACE_FORMAT.md).
     """
     ids = np.asarray(expert_ids)
     want = (meta.num_layers, meta.top_k)
@@ -378,6 +383,17 @@ def check_expert_ids(expert_ids: np.ndarray, meta: TraceMeta, where: str = "expe
             t, layer, j = (int(x[0]) for x in np.nonzero(rep))
             raise TraceError(f"{where}: token row {t} selects expert {int(s[t, layer, j])} more than "
                              f"once in MoE layer {layer} (a token's top-k experts must be distinct)")
+    if ids.size and meta.foe_groups > 1:
+        H = meta.foe_groups
+        eg, kg = meta.num_experts // H, meta.top_k // H
+        want = np.arange(meta.top_k) // kg  # [K] group of each column
+        off = (ids // eg) != want  # [T, L, K]
+        if off.any():
+            t, layer, j = (int(x[0]) for x in np.nonzero(off))
+            h = int(want[j])
+            raise TraceError(f"{where}: token row {t}, MoE layer {layer}, column {j} holds expert "
+                             f"{int(ids[t, layer, j])}, outside FoE group {h}'s experts [{h * eg}, {(h + 1) * eg}) "
+                             f"(foe_groups={H}: columns [{h * kg}, {(h + 1) * kg}) belong to group {h})")
     return ids
 
 
@@ -1194,6 +1210,7 @@ def trace_info(path: str | os.PathLike, budget: int | None = None) -> dict:
         "num_shared_experts": meta.num_shared_experts,
         "hidden_size": meta.hidden_size,
         "sampling_rate": meta.sampling_rate,
+        "foe_groups": meta.foe_groups,
         "num_requests": len(reqs),
         "num_tokens": {"prefill": n_pre, "decode": n_dec},
         "domains": dict(sorted(domains.items())),
