@@ -204,3 +204,19 @@ def test_run_ep_cli_on_an_foe_trace(foe2_dir, tmp_path):
                    str(moe_plan)).returncode == 0
     r = run_cli("run-ep", str(foe2_dir), "--plan", str(moe_plan), "--cluster", "2x2")
     assert r.returncode == 2 and "strategy foe" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_foe_plan_json_is_validated(foe2_dir, tmp_path):
+    from moeplace.schema import SchemaError
+
+    out = tmp_path / "p.json"
+    assert run_cli("plan", str(foe2_dir), "--strategy", "foe", "--cluster", "2x2", "--out", str(out)).returncode == 0
+    good = json.loads(out.read_text())
+    for change, want in (({"foe_groups": 3}, "divide"), ({"foe_groups": 0}, "foe_groups"),
+                         ({"phy2log": [list(reversed(r)) for r in good["phy2log"]]}, "slot e")):
+        with pytest.raises(SchemaError, match=want):
+            Plan.from_json({**good, **change}, where="p.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**good, "foe_groups": 3}))
+    r = run_cli("run-ep", str(foe2_dir), "--plan", str(bad), "--cluster", "2x2")
+    assert r.returncode == 2 and "bad.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
