@@ -281,3 +281,22 @@ def test_drift_stream_is_a_phase_schedule():
         for top in ("code", "chat", "general", "math"))), seed=4)
     got = np.concatenate([w.requests.source for w in st.windows])
     assert got.tolist() == d.requests.source.tolist()
+
+
+def test_operate_cli_replays_a_schedule_file(tmp_path, capsys):
+    from moeplace.cli import main
+
+    sched = MixSchedule(phases=(Phase(32, {"mmlu_test": 1}), Phase(32, {"gpqa_main": 1})),
+                        bursts=(Burst(40, 8, "mmlu_dev", 1.0),))
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(sched.to_json()))
+    common = [str(GPT_OSS_SAMPLE), "--cluster", "2", "--cluster-preset", "h200-8", "--window-requests", "16",
+              "--decode-batch", "8", "--policy", "static"]
+    assert main(["operate", *common, "--order", "schedule", "--schedule", str(f), "--stream-key", "dataset",
+                 "--json", str(tmp_path / "o.json")]) == 0
+    out = capsys.readouterr().out
+    assert "stream: seeded stream of gpt-oss-20b-sample.trace by dataset (seed 0; phases mmlu_test:1 x32" in out
+    assert "over 4 windows" in out
+    assert main(["operate", *common, "--order", "schedule", "--schedule", str(f)]) == 2  # keys are datasets
+    assert "names domains ['mmlu_test'] that the pool lacks" in capsys.readouterr().err
+    assert main(["operate", *common, "--order", "schedule"]) == 2
