@@ -30,7 +30,7 @@ def example_schedule(rate: int = RATE) -> MixSchedule:
     """The example of docs/WORKLOADS.md: alternating code-heavy and chat-heavy hours, a daily cycle, a burst."""
     code_hour = Phase(rate, {"code": 0.55, "chat": 0.15, "general": 0.15, "math": 0.15})
     chat_hour = Phase(rate, {"chat": 0.55, "code": 0.15, "general": 0.15, "math": 0.15})
-    cycle = DailyCycle.from_hours(HOURS, rate, {"chat": 0.6, "code": 0.6}, {"chat": 0.0, "code": 0.5})
+    cycle = DailyCycle.from_hours(HOURS, rate, {"chat": 0.6, "code": 0.6}, {"code": 0.5})
     burst = Burst(14 * rate, rate // 2, "math", 0.5)
     return MixSchedule(phases=(code_hour, chat_hour), cycle=cycle, bursts=(burst,))
 

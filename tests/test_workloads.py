@@ -300,3 +300,20 @@ def test_operate_cli_replays_a_schedule_file(tmp_path, capsys):
     assert main(["operate", *common, "--order", "schedule", "--schedule", str(f)]) == 2  # keys are datasets
     assert "names domains ['mmlu_test'] that the pool lacks" in capsys.readouterr().err
     assert main(["operate", *common, "--order", "schedule"]) == 2
+
+
+def test_docs_example_is_the_plotted_schedule():
+    """docs/WORKLOADS.md's code block builds the same schedule that scripts/plot_workload.py plots."""
+    import importlib.util
+    import re
+
+    text = (REPO / "docs" / "WORKLOADS.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    head = block.split("trace = read_trace")[0]  # the schedule only; the stream itself is tested above
+    scope: dict = {}
+    exec(head, scope)  # noqa: S102 - our own documentation
+    spec = importlib.util.spec_from_file_location("plot_workload", REPO / "scripts" / "plot_workload.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert scope["schedule"] == mod.example_schedule(scope["rate"])
+    assert "(docs/WORKLOADS.md)" in (REPO / "README.md").read_text()
