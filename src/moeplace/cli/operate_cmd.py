@@ -30,7 +30,14 @@ def cmd_operate(args: argparse.Namespace) -> int:
     else:
         if args.stream is None:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
-        stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests)
+        schedule = None
+        if args.schedule is not None:
+            from moeplace.schema import read_json_file
+            from moeplace.workloads import MixSchedule
+
+            schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), str(args.schedule))
+        stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
+                             schedule, args.stream_requests, args.stream_key)
     params = {}
     if args.period_steps is not None:
         params["period_steps"] = args.period_steps
@@ -79,8 +86,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "call (default 8, as trace record)")
     p.add_argument("--device", type=device_spec, default="cpu", help="--source live: torch device (default cpu)")
     p.add_argument("--order", choices=STREAM_ORDERS, default="table",
-                   help="arrival order: table (as stored), dataset, domain, or drift (a seeded drift built from it)")
-    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of --order drift")
+                   help="arrival order: table (as stored), dataset, domain, drift (a seeded drift built from it), "
+                   "or schedule (re-ordered by --schedule, docs/WORKLOADS.md)")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of --order drift / schedule")
+    p.add_argument("--schedule", metavar="FILE", help="--order schedule: a mix schedule JSON (phases, daily cycle, "
+                   "bursts: moeplace.workloads.MixSchedule.to_json)")
+    p.add_argument("--stream-requests", type=int_in(1, 1 << 24), help="--order schedule: arrivals (default one "
+                   "pass over the schedule's phases)")
+    p.add_argument("--stream-key", choices=("domain", "dataset"), default="domain",
+                   help="--order schedule: the schedule's keys are domains or datasets (source before '/')")
     p.add_argument("--drift-requests", type=int_in(1, 1 << 24), default=1000,
                    help="--order drift: requests per phase (one phase per domain)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS, or nodes with --cluster-preset")

@@ -9,15 +9,23 @@ from pathlib import Path
 from moeplace.io import atomic_write_json
 from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, operate
 from moeplace.operate.metrics import MetricsServer, OperateMetrics
-from moeplace.operate.streams import ORDERS, Stream, drift_stream, trace_stream
+from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stream, trace_stream
+from moeplace.workloads import MixSchedule
 
-STREAM_ORDERS = (*ORDERS, "drift")
+STREAM_ORDERS = (*ORDERS, "drift", "schedule")
 
 
 def open_stream(path: str | Path, window_requests: int, order: str = "table", seed: int = 0,
-                drift_requests: int = 1000) -> Stream:
+                drift_requests: int = 1000, schedule: MixSchedule | None = None, stream_requests: int | None = None,
+                stream_key: str = "domain") -> Stream:
     """The stream ``moeplace operate`` replays: a trace in ``order`` (:data:`STREAM_ORDERS`); ``drift``: the seeded
-    drift of :func:`moeplace.operate.streams.drift_stream`, one phase per domain of ``drift_requests`` requests."""
+    drift of :func:`moeplace.operate.streams.drift_stream`, one phase per domain of ``drift_requests`` requests;
+    ``schedule``: the trace re-ordered by ``schedule`` over its ``stream_key`` (domain or dataset),
+    ``stream_requests`` arrivals (None: one pass over the schedule's phases), :mod:`moeplace.workloads`."""
+    if (order == "schedule") != (schedule is not None):
+        raise ValueError("a mix schedule (--schedule FILE) goes with --order schedule, and --order schedule needs one")
+    if order == "schedule":
+        return schedule_stream(path, window_requests, schedule, stream_requests, seed, stream_key)
     if order == "drift":
         return drift_stream(path, window_requests, seed=seed, requests_per_phase=drift_requests)
     if order not in ORDERS:

@@ -14,6 +14,10 @@ batch; prefill prompts restart at each window). Every stream says what it is in 
   the gpt-oss-20b data; one dataset after another is a drift of real prompts.
 - :func:`drift_stream`: a seeded drift built from a trace: phases with different domain mixes, each drawing its
   requests (with replacement, fresh request ids) from the trace's domain pools.
+- :func:`schedule_stream`: any :class:`moeplace.workloads.MixSchedule` (phases, a daily cycle, bursts, over
+  domains or datasets) applied to a trace.
+
+The ordering itself (schedules, draws, copying a request's token rows) is defined once, in :mod:`moeplace.workloads`.
 """
 
 from __future__ import annotations
@@ -36,31 +40,21 @@ from moeplace.trace.store import (
     read_requests,
     read_trace,
 )
+from moeplace.workloads import (
+    MixSchedule,
+    Phase,
+    dataset_of,
+    default_phases,
+    grouped_order,
+    keys_of,
+    request_rows,
+    stream_trace,
+)
+
+__all__ = ["ORDERS", "Phase", "Stream", "dataset_of", "default_phases", "drift_stream", "drift_trace",
+           "memory_windows", "schedule_stream", "trace_stream"]
 
 ORDERS = ("table", "dataset", "domain")
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One phase of a drift: how many requests, drawn from which domains in what proportion."""
-
-    requests: int  # requests drawn in this phase
-    mix: dict[str, float]  # domain -> weight (normalised); domains missing from the trace raise ValueError
-
-    def __post_init__(self) -> None:
-        if self.requests < 1:
-            raise ValueError(f"drift phase: requests must be >= 1, got {self.requests}")
-        if not self.mix or any(not w >= 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
-            raise ValueError(f"drift phase: mix must give non-negative weights with a positive sum, got {self.mix}")
-
-
-def default_phases(domains: list[str], requests_per_phase: int, share: float = 0.7) -> list[Phase]:
-    """One phase per domain, in the given order: ``share`` of the requests from that domain, the rest spread
-    evenly over the others (4 domains, share 0.7: 70 / 10 / 10 / 10)."""
-    if len(domains) < 2:
-        return [Phase(requests_per_phase, {d: 1.0 for d in domains})]
-    rest = (1.0 - share) / (len(domains) - 1)
-    return [Phase(requests_per_phase, {d: (share if d == top else rest) for d in domains}) for top in domains]
 
 
 @dataclass
@@ -81,21 +75,6 @@ def _check_window(window_requests: int) -> int:
     return int(window_requests)
 
 
-def _sorted_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(row order [T], start offset of each request [Rq + 1]): token rows grouped by request in table order,
-    by position inside a request."""
-    req, tk = trace.requests, trace.tokens
-    order = np.argsort(req.request_id, kind="stable")
-    idx = np.searchsorted(req.request_id[order], tk.request_id)
-    idx = np.minimum(idx, max(len(order) - 1, 0))
-    if len(order) == 0 or (req.request_id[order][idx] != tk.request_id).any():
-        raise ValueError("stream: a token row names a request that is not in the request table")
-    table_index = order[idx]
-    rows = np.lexsort((tk.position, table_index))
-    starts = np.searchsorted(table_index[rows], np.arange(len(req) + 1))
-    return rows, starts
-
-
 def _sub_requests(req: Requests, sl: slice | np.ndarray) -> Requests:
     return Requests(req.request_id[sl], req.domain[sl], req.source[sl], req.prompt_len[sl], req.gen_len[sl])
 
@@ -105,7 +84,7 @@ def memory_windows(trace: Trace, window_requests: int) -> Iterator[Trace]:
     w = _check_window(window_requests)
     if trace.tokens is None:
         raise ValueError("stream: operate needs a per-token trace; this one is counts-only")
-    rows, starts = _sorted_rows(trace)
+    rows, starts = request_rows(trace)
     R = len(trace.requests)
     for s in range(0, R, w):
         e = min(R, s + w)
@@ -168,11 +147,6 @@ def _synthetic(meta: TraceMeta) -> str:
     return " [SYNTHETIC]" if meta.synthetic else ""
 
 
-def dataset_of(source: np.ndarray) -> np.ndarray:
-    """object [Rq]: the dataset part of each request's ``source`` (text before the first ``/``)."""
-    return np.array([str(s).split("/", 1)[0] for s in source], dtype=object)
-
-
 def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "table",
                  chunk_tokens: int = 1 << 16) -> Stream:
     """A trace directory replayed as a stream (see the module docstring for ``order``)."""
@@ -194,10 +168,9 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
         return Stream(label + _synthetic(meta), meta, _lazy_table_windows(p, meta, req, w, chunk_tokens), len(req),
                       {"source": str(p), "order": order})
     trace = read_trace(p)
-    key = dataset_of(trace.requests.source) if order == "dataset" else trace.requests.domain
+    key = keys_of(trace.requests, order)
     firsts = list(dict.fromkeys(key.tolist()))
-    rank = {k: i for i, k in enumerate(firsts)}
-    perm = np.argsort(np.array([rank[k] for k in key.tolist()], np.int64), kind="stable")
+    perm = grouped_order(key)
     trace = Trace(trace.meta, _sub_requests(trace.requests, perm), trace.tokens, None)
     what = "dataset" if order == "dataset" else "domain"
     label = f"{name}, ordered by {what} ({len(firsts)} {what}s in first-seen order: a drift)"
@@ -206,39 +179,15 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
 
 
 def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0) -> Trace:
-    """A seeded drift built from ``trace``: for each phase, ``phase.requests`` requests drawn with replacement from
-    the trace's domain pools in proportion to ``phase.mix``, shuffled inside the phase, renumbered 0.. in arrival
-    order. Token rows are copied from the drawn requests. Returns an in-memory trace (request table = arrival)."""
+    """A seeded drift built from ``trace``: the phases in order, each arrival drawn with replacement from the
+    trace's domain pools in proportion to its phase's mix (:func:`moeplace.workloads.stream_trace` with a
+    :class:`~moeplace.workloads.MixSchedule` of these phases). Returns an in-memory trace (request table = arrival
+    order, fresh request ids, token rows copied as recorded)."""
     if trace.tokens is None:
         raise ValueError("drift: needs a per-token trace; this one is counts-only")
     if not phases:
         raise ValueError("drift: give at least one phase")
-    rng = np.random.default_rng(seed)
-    req = trace.requests
-    pools = {d: np.flatnonzero(req.domain == d) for d in dict.fromkeys(req.domain.tolist())}
-    picks = []
-    for ph in phases:
-        unknown = sorted(set(ph.mix) - set(pools))
-        if unknown:
-            raise ValueError(f"drift phase mix names domains {unknown} that the trace lacks (it has {sorted(pools)})")
-        doms = [d for d, x in ph.mix.items() if x > 0]
-        p = np.array([ph.mix[d] for d in doms], np.float64)
-        which = rng.choice(len(doms), size=ph.requests, p=p / p.sum())
-        picks.append(np.array([rng.choice(pools[doms[i]]) for i in which.tolist()], np.int64))
-    pick = np.concatenate(picks)
-    rows, starts = _sorted_rows(trace)
-    lens = starts[pick + 1] - starts[pick]
-    take = np.concatenate([rows[starts[i]:starts[i + 1]] for i in pick.tolist()]) if len(pick) else np.zeros(0, int)
-    tk = trace.tokens.select(take)
-    new_id = np.repeat(np.arange(len(pick), dtype=np.int64), lens)
-    tokens = TokenChunk(new_id, tk.position, tk.phase, tk.expert_ids, None)
-    src = np.array([f"{s} (drawn from request {int(r)})" for s, r in zip(req.source[pick].tolist(),
-                                                                        req.request_id[pick].tolist(), strict=True)],
-                   dtype=object)
-    r = Requests(np.arange(len(pick), dtype=np.int64), req.domain[pick], src, req.prompt_len[pick], req.gen_len[pick])
-    meta = TraceMeta(**{**trace.meta.to_json(), "has_weights": False,
-                        "source": f"drift of {trace.meta.source or trace.meta.model} (seed {seed})"})
-    return Trace(meta, r, tokens, None)
+    return stream_trace(trace, MixSchedule(phases=tuple(phases)), seed=seed)
 
 
 def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases: list[Phase] | None = None,
@@ -251,9 +200,25 @@ def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases:
     if phases is None:
         phases = default_phases(list(dict.fromkeys(t.requests.domain.tolist())), requests_per_phase)
     d = drift_trace(t, phases, seed)
-    desc = " -> ".join("/".join(f"{k}:{v:.2g}" for k, v in ph.mix.items() if v > 0) + f" x{ph.requests}"
-                       for ph in phases)
-    label = f"seeded drift of {name} (seed {seed}; phases {desc})" + _synthetic(d.meta)
+    label = f"seeded drift of {name} (seed {seed}; {MixSchedule(phases=tuple(phases)).describe()})" + \
+        _synthetic(d.meta)
     return Stream(label, d.meta, memory_windows(d, w), len(d.requests),
                   {"order": "drift", "seed": seed,
                    "phases": [{"requests": ph.requests, "mix": ph.mix} for ph in phases]})
+
+
+def schedule_stream(trace: Trace | str | os.PathLike, window_requests: int, schedule: MixSchedule,
+                    num_requests: int | None = None, seed: int = 0, key: str = "domain", replace: bool = True,
+                    name: str | None = None) -> Stream:
+    """A trace re-ordered by a :class:`~moeplace.workloads.MixSchedule` (phases, daily cycle, bursts over its
+    domains or datasets: :func:`moeplace.workloads.stream_trace`) as a stream of windows."""
+    w = _check_window(window_requests)
+    name = name or (Path(trace).name if not isinstance(trace, Trace) else trace.meta.model)
+    t = trace if isinstance(trace, Trace) else read_trace(trace)
+    d = stream_trace(t, schedule, num_requests, seed, key, replace)
+    what = "synthetic" if d.meta.synthetic else "real"
+    label = f"seeded stream of {name} by {key} (seed {seed}; {schedule.describe()}; {what} routing re-ordered)" + \
+        _synthetic(d.meta)
+    return Stream(label, d.meta, memory_windows(d, w), len(d.requests),
+                  {"order": "schedule", "seed": seed, "key": key, "replace": replace,
+                   "schedule": schedule.to_json()})
