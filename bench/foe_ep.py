@@ -194,6 +194,26 @@ def ratio_entry(moe: dict, foe: dict, H: int, W: int, G: int, r: float | None) -
     }
 
 
+def per_token(row: dict, L: int, row_bytes: int) -> dict:
+    """Measured vectors per token per layer, cluster-wide (bytes / (tokens x L x row bytes))."""
+    d = row["tokens"] * L * row_bytes
+    return {k: row[f"{k}_bytes"] / d for k in ("a2a_inter_node", "a2a_intra_node", "allreduce_inter_node",
+                                                "allreduce_intra_node")}
+
+
+def closed_form_per_token(H: int, W: int, G: int) -> dict:
+    """docs/MODEL.md's vectors per token per layer (H = 1: plain MoE), pair level; for FoE also the ring's
+    cluster-wide count 2(p-1) (each token's vector is held by the p ranks of its ring)."""
+    from moeplace.foe import foe_all_reduce_vectors, foe_all_to_all_vectors, moe_all_to_all_vectors
+
+    if H == 1:
+        total, inter = moe_all_to_all_vectors(TOP_K, W, G)
+        return {"a2a_inter_node": inter, "a2a_intra_node": total - inter}
+    p = min(W, H)
+    return {"a2a": foe_all_to_all_vectors(TOP_K, H, W), "allreduce_model_md": foe_all_reduce_vectors(H, W),
+            "allreduce_ring_total": float(2 * (p - 1))}
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -311,6 +331,12 @@ def run(args) -> dict:
                 for moe_name in ("moe_linear", "moe_eplb"):
                     cres["ratios"][f"{moe_name}_over_foe_h{H}"] = ratio_entry(
                         cres["runs"][moe_name], cres["runs"][f"foe_h{H}"], H, W, G, r)
+            row_bytes = args.hidden * cfg.bytes_per_element
+            L = traces["moe"].meta.num_layers
+            for name, row in cres["runs"].items():
+                row["vectors_per_token"] = per_token(row, L, row_bytes)
+                row["closed_form_vectors_per_token"] = closed_form_per_token(
+                    1 if name.startswith("moe") else int(name.removeprefix("foe_h")), W, G)
             for name, row in cres["runs"].items():
                 print(f"  {spec} {name}: layer {row['layer_time_s'] * 1e3:.0f} ms, a2a inter "
                       f"{row['a2a_inter_node_bytes'] / 1e6:.2f} MB intra {row['a2a_intra_node_bytes'] / 1e6:.2f} MB, "
@@ -318,6 +344,11 @@ def run(args) -> dict:
                       f"{row['allreduce_intra_node_bytes'] / 1e6:.2f} MB, simulator "
                       f"{'same' if row['bytes_match_simulator'] else 'DIFFERENT'}", file=sys.stderr)
         report["clusters"][spec] = cres
+    runs = [r for c in report["clusters"].values() for r in c["runs"].values()]
+    foe = [r for r in runs if "allreduce_matches_closed_form" in r]
+    report["checks"] = {"runs": len(runs), "bytes_match_simulator": sum(r["bytes_match_simulator"] for r in runs),
+                        "foe_runs": len(foe),
+                        "allreduce_matches_closed_form": sum(r["allreduce_matches_closed_form"] for r in foe)}
     return report
 
 
