@@ -85,6 +85,8 @@ def load_traces(args) -> dict:
     moe = read_trace(args.moe)
     out, desc = {"moe": moe}, {"moe": {"path": str(args.moe), "synthetic": bool(moe.meta.synthetic)}}
     for H, path in ((2, args.foe2), (4, args.foe4)):
+        if H not in args.groups:
+            continue
         if args.synthetic:
             out[H] = synthetic_foe_trace(H, moe, seed=H)
             desc[f"foe_h{H}"] = {"path": None, "synthetic": True, "source": out[H].meta.source}
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", action="store_true",
                     help="build synthetic FoE-structured traces (moeplace.synth) instead of reading --foe2/--foe4")
     ap.add_argument("--clusters", nargs="+", default=["2x2", "4x1"])
-    ap.add_argument("--groups", nargs="+", type=int, default=[2, 4], help="FoE H values")
+    ap.add_argument("--groups", nargs="+", type=int, default=[2, 4], choices=[2, 4], help="FoE H values")
     ap.add_argument("--inter-gbit-per-gpu", type=float, default=0.5,
                     help="shaped inter-node rate per GPU in Gbit/s (a node's link gets G times this)")
     ap.add_argument("--hidden", type=int, default=1024)
