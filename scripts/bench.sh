@@ -30,6 +30,12 @@ else
   echo "== bench: plan_compare skipped (../shared/data/gpt-oss-20b absent)"
 fi
 run ep_layer
+if [ -d src/moeplace/data/reference-foe.trace ] && [ -d src/moeplace/data/reference-foe-h4.trace ]; then
+  run foe_ep
+else
+  echo "== bench: foe_ep on synthetic FoE traces (src/moeplace/data/reference-foe*.trace absent)"
+  run foe_ep --synthetic
+fi
 run foe_quality
 "$PY" scripts/readme_figures.py
 echo "results in bench/results/; figures in README.md and docs/ regenerated"

@@ -248,3 +248,68 @@ def foe_plan(cluster: Cluster, num_layers: int, num_experts: int, num_groups: in
     else:
         home = h // (H // W)
     return Plan(placement, cluster, {int(a): int(b) for a, b in zip(rid, home, strict=True)}, strategy=f"foe-H{H}")
+
+
+def foe_per_gpu_vectors(k: int, H: int, W: int, n: int) -> dict[str, float]:
+    """What the busiest GPU of FoE's placement (:class:`FoeLayout`) sends per layer, in vectors per ``T/W`` tokens
+    (the tokens one GPU holds in plain MoE), next to the closed form's per-token count.
+
+    With W >= H a GPU holds ``H*T/W`` rows (its share of every token of its group); its ring all-reduce (p ranks)
+    sends ``2(p-1)/p`` of them, i.e. ``2(p-1)`` vectors per ``T/W`` tokens (W < H: it holds all T rows, p = W,
+    the same ``2(p-1)``), where :func:`foe_all_reduce_vectors` counts ``2(p-1)/p`` per token. Its all-to-all is
+    the closed form's ``2k(W-H)/W``, inside its node.
+
+    Returns ``alltoall`` (intra-node vectors), ``allreduce`` (vectors), ``allreduce_inter_node`` (1.0 when some
+    ring hop crosses nodes: a ring moves in lock step, so its slowest hop sets every step's time, else 0.0) and
+    ``allreduce_closed_form`` (:func:`foe_all_reduce_vectors`). ValueError where :class:`FoeLayout` refuses.
+    """
+    _check(k=k)
+    lay = FoeLayout(H, W, n)
+    p = lay.ring_size
+    crosses = any(ring[j] // n != ring[(j + 1) % p] // n for ring in lay.rings() for j in range(p)) if p > 1 \
+        else False
+    return {"alltoall": foe_all_to_all_vectors(k, H, W), "allreduce": float(2 * (p - 1)),
+            "allreduce_inter_node": 1.0 if crosses else 0.0, "allreduce_closed_form": foe_all_reduce_vectors(H, W)}
+
+
+def moe_foe_time_ratio_per_gpu(k: int, H: int, r: float, W: int, n: int) -> float:
+    """T_moe / T_foe per GPU in the bandwidth model (time in units of one vector over the intra-node link):
+    T_moe as :func:`moe_foe_time_ratio` (a GPU's ``T/W`` tokens, pair level), T_foe from
+    :func:`foe_per_gpu_vectors`: ``2k(W-H)/W + 2(p-1) * (r if a ring hop crosses nodes else 1)``.
+
+    2x2 (W=4, n=2), k=4: H=2 gives (4r + 2) / (4 + 2r); H=4 gives (4r + 2) / (6r). 4x1, H=4: 6r / 6r = 1."""
+    _check(r=r)
+    total, inter = moe_all_to_all_vectors(k, W, n)
+    t_moe = inter * r + (total - inter)
+    f = foe_per_gpu_vectors(k, H, W, n)
+    t_foe = f["alltoall"] + f["allreduce"] * (r if f["allreduce_inter_node"] else 1.0)
+    return t_moe / t_foe
+
+
+def bandwidth_seconds(sent: np.ndarray, gpus_per_node: int, intra_bytes_per_s: float, inter_bytes_per_s: float,
+                      node_link: bool = False) -> float:
+    """Time to move measured bytes at given link rates: the sum over (micro-batch, layer) of the busiest GPU's
+    ``intra-node bytes sent / intra rate + inter-node bytes sent / inter rate`` (no fixed per-call cost).
+
+    sent: int [M, L, W, W] bytes [source, destination] (W x W for one step); inter_bytes_per_s: one GPU's rate to
+    another node when all G GPUs of its node send at once. node_link: the node's link is one shared pipe (tc
+    shapes each node's link, not each GPU): a GPU's inter-node term is its node's inter-node bytes over G times
+    the per-GPU rate, so a GPU that sends alone on its node's link gets all of it."""
+    x = np.asarray(sent, np.float64)
+    if x.ndim == 2:
+        x = x[None, None]
+    W = x.shape[-1]
+    G = int(gpus_per_node)
+    if W % G:
+        raise ValueError(f"bandwidth_seconds: {W} ranks are not a multiple of {G} GPUs per node")
+    node = np.arange(W) // G
+    cross = node[:, None] != node[None, :]
+    inter = (x * cross).sum(-1)  # [M, L, W]
+    intra = (x * (~cross & ~np.eye(W, dtype=bool))).sum(-1)
+    if node_link:
+        per_node = inter.reshape(*inter.shape[:-1], W // G, G).sum(-1)  # [M, L, N]
+        inter_t = np.repeat(per_node, G, axis=-1) / (G * inter_bytes_per_s)
+    else:
+        inter_t = inter / inter_bytes_per_s
+    t = intra / intra_bytes_per_s + inter_t  # [M, L, W]
+    return float(t.max(-1).sum())
