@@ -220,3 +220,10 @@ def test_foe_plan_json_is_validated(foe2_dir, tmp_path):
     bad.write_text(json.dumps({**good, "foe_groups": 3}))
     r = run_cli("run-ep", str(foe2_dir), "--plan", str(bad), "--cluster", "2x2")
     assert r.returncode == 2 and "bad.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_refuses_an_foe_plan(foe2_dir, tmp_path):
+    out = tmp_path / "p.json"
+    assert run_cli("plan", str(foe2_dir), "--strategy", "foe", "--cluster", "2x2", "--out", str(out)).returncode == 0
+    r = run_cli("simulate", str(foe2_dir), "--plan", str(out))
+    assert r.returncode == 2 and "FoE plan" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -27,6 +27,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError("give --plan PLAN.json or --cluster NxG (default linear placement)")
     if plan is not None and args.redundant:
         raise ValueError("--redundant applies to the default linear placement only, not to --plan")
+    if plan is not None and plan.foe_groups > 1:
+        raise ValueError(f"{args.plan} is an FoE plan (foe_groups={plan.foe_groups}); simulate replays plain MoE "
+                         "execution. run-ep reports an FoE run next to the simulator's FoE replay of the same "
+                         "micro-batches (docs/FOE.md)")
     cost = CostConfig(hidden_size=args.hidden_size, dispatch_bytes=args.dispatch_bytes,
                       combine_bytes=args.combine_bytes, mode=args.mode, overlap=args.overlap)
     batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
