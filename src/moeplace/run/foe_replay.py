@@ -35,7 +35,16 @@ from moeplace.foe import FoeLayout, ring_chunks, ring_steps
 from moeplace.placement import Plan
 from moeplace.run.dispatch import Dispatcher, TrafficRecorder
 from moeplace.run.layer import ExpertView, MoELayer
-from moeplace.run.replay import DTYPES, MicroBatch, ReplayConfig, expert_table, make_batch, token_hidden
+from moeplace.run.replay import (
+    DTYPES,
+    MicroBatch,
+    ReplayConfig,
+    expert_table,
+    make_batch,
+    stat_of,
+    time_stat,
+    token_hidden,
+)
 from moeplace.simulate import link_counts
 from moeplace.trace.store import Trace
 
@@ -227,22 +236,6 @@ def foe_replay(plan: Plan, batches: list[MicroBatch], cfg: ReplayConfig, *, wait
                            [r["outputs"] for r in res] if cfg.return_outputs else None, waits)
 
 
-def _stat(x: np.ndarray) -> dict:
-    """x: [M, L] -> {total, per_layer, median_microbatch} (the simulator's statistic layout)."""
-    if x.shape[0] == 0:
-        return {"total": 0, "per_layer": [0] * x.shape[1], "median_microbatch": 0}
-    cast = int if x.dtype.kind in "iu" else float
-    return {"total": cast(x.sum()), "per_layer": [cast(v) for v in x.sum(0)],
-            "median_microbatch": float(np.median(x.sum(1)))}
-
-
-def _time(x: np.ndarray) -> dict:
-    """x: float [R, M, L] -> medians over repeats of totals, per layer and per micro-batch."""
-    per_layer, per_mb = x.sum(axis=1), x.sum(axis=2)
-    return {"total": float(np.median(per_layer.sum(1))), "per_layer": np.median(per_layer, axis=0).tolist(),
-            "median_microbatch": float(np.median(np.median(per_mb, axis=0))), "repeats": int(x.shape[0])}
-
-
 def summarize_foe(result: FoeReplayResult) -> dict[str, Any]:
     """JSON-ready measurements: the all-to-all's ``inter_node_bytes`` / ``intra_node_bytes`` (dispatch + combine
     payload), the all-reduce's ``allreduce_inter_node_bytes`` / ``allreduce_intra_node_bytes``, and times."""
@@ -254,18 +247,18 @@ def summarize_foe(result: FoeReplayResult) -> dict[str, Any]:
     return {
         "foe": {"groups": lay.groups, "block_size": lay.block_size, "ring_size": lay.ring_size,
                 "groups_per_gpu": lay.groups_per_gpu},
-        "inter_node_bytes": _stat(a2a[..., 2]),
-        "intra_node_bytes": _stat(a2a[..., 1]),
-        "intra_gpu_bytes": _stat(a2a[..., 0]),
-        "meta_inter_node_bytes": _stat(meta[..., 2]),
-        "meta_intra_node_bytes": _stat(meta[..., 1]),
-        "allreduce_inter_node_bytes": _stat(ar[..., 2]),
-        "allreduce_intra_node_bytes": _stat(ar[..., 1]),
-        "layer_time_s": _time(result.layer_seconds),
-        "alltoall_time_s": _time(result.alltoall_seconds),
-        "allreduce_time_s": _time(result.allreduce_seconds),
+        "inter_node_bytes": stat_of(a2a[..., 2]),
+        "intra_node_bytes": stat_of(a2a[..., 1]),
+        "intra_gpu_bytes": stat_of(a2a[..., 0]),
+        "meta_inter_node_bytes": stat_of(meta[..., 2]),
+        "meta_intra_node_bytes": stat_of(meta[..., 1]),
+        "allreduce_inter_node_bytes": stat_of(ar[..., 2]),
+        "allreduce_intra_node_bytes": stat_of(ar[..., 1]),
+        "layer_time_s": time_stat(result.layer_seconds),
+        "alltoall_time_s": time_stat(result.alltoall_seconds),
+        "allreduce_time_s": time_stat(result.allreduce_seconds),
         "traffic_matrix_bytes": (result.dispatch_bytes + result.combine_bytes).sum((0, 1)).tolist(),
         "allreduce_matrix_bytes": result.allreduce_bytes.sum((0, 1)).tolist(),
         "num_microbatches": int(result.dispatch_bytes.shape[0]),
-        "emulated_compute_s": None if result.compute_seconds is None else _stat(result.compute_seconds.max(-1)),
+        "emulated_compute_s": None if result.compute_seconds is None else stat_of(result.compute_seconds.max(-1)),
     }

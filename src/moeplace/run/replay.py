@@ -401,13 +401,22 @@ def check_batches(plan: Plan, batches: list[MicroBatch]) -> None:
                 raise ValueError(f"micro-batch {b}: a slot does not hold the expert it is asked to serve")
 
 
-def _stat(x: np.ndarray) -> dict:
-    """x: [M, L] per micro-batch and layer -> the simulator's statistic layout."""
+def stat_of(x: np.ndarray) -> dict:
+    """x: [M, L] per micro-batch and layer -> the simulator's statistic layout (total, per layer, median
+    micro-batch)."""
     if x.shape[0] == 0:
         return {"total": 0, "per_layer": [0] * x.shape[1], "median_microbatch": 0}
     cast = int if x.dtype.kind in "iu" else float
     return {"total": cast(x.sum()), "per_layer": [cast(v) for v in x.sum(0)],
             "median_microbatch": float(np.median(x.sum(1)))}
+
+
+def time_stat(x: np.ndarray) -> dict:
+    """x: float [R, M, L] seconds per repeat, micro-batch and layer -> medians over repeats of the total, of each
+    layer (summed over micro-batches) and of the median micro-batch (summed over layers), and the repeat count."""
+    per_layer, per_mb = x.sum(axis=1), x.sum(axis=2)  # [R, L], [R, M]
+    return {"total": float(np.median(per_layer.sum(1))), "per_layer": np.median(per_layer, axis=0).tolist(),
+            "median_microbatch": float(np.median(np.median(per_mb, axis=0))), "repeats": int(x.shape[0])}
 
 
 def summarize(result: ReplayResult) -> dict[str, Any]:
@@ -416,28 +425,21 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     pair = result.link_bytes(result.pair_bytes())
     disp = result.link_bytes(result.dispatch_bytes)
     meta = result.link_bytes(result.meta_bytes)
-    per_layer_rep = result.layer_seconds.sum(axis=1)  # [R, L]: each layer summed over micro-batches
-    per_mb_rep = result.layer_seconds.sum(axis=2)  # [R, M]: each micro-batch summed over layers
     return {
         "dedup": "two_hop" if result.two_hop else "per_gpu",
-        "inter_node_bytes": _stat(pair["inter_node"]),
-        "intra_node_bytes": _stat(pair["intra_node"]),
-        "intra_gpu_bytes": _stat(pair["intra_gpu"]),
-        "dispatch_inter_node_bytes": _stat(disp["inter_node"]),
-        "dispatch_intra_node_bytes": _stat(disp["intra_node"]),
-        "meta_inter_node_bytes": _stat(meta["inter_node"]),
-        "meta_intra_node_bytes": _stat(meta["intra_node"]),
-        "layer_time_s": {  # medians over repeats of the slowest rank's wall time
-            "total": float(np.median(per_layer_rep.sum(1))),
-            "per_layer": np.median(per_layer_rep, axis=0).tolist(),
-            "median_microbatch": float(np.median(np.median(per_mb_rep, axis=0))),
-            "repeats": int(result.layer_seconds.shape[0]),
-        },
+        "inter_node_bytes": stat_of(pair["inter_node"]),
+        "intra_node_bytes": stat_of(pair["intra_node"]),
+        "intra_gpu_bytes": stat_of(pair["intra_gpu"]),
+        "dispatch_inter_node_bytes": stat_of(disp["inter_node"]),
+        "dispatch_intra_node_bytes": stat_of(disp["intra_node"]),
+        "meta_inter_node_bytes": stat_of(meta["inter_node"]),
+        "meta_intra_node_bytes": stat_of(meta["intra_node"]),
+        "layer_time_s": time_stat(result.layer_seconds),  # medians over repeats of the slowest rank's wall time
         # [W][W] source -> destination, summed over micro-batches and layers
         "traffic_matrix_bytes": result.pair_bytes().sum((0, 1)).tolist(),
         "dispatch_matrix_bytes": result.dispatch_bytes.sum((0, 1)).tolist(),
         "combine_matrix_bytes": result.combine_bytes.sum((0, 1)).tolist(),
         "num_microbatches": int(result.dispatch_bytes.shape[0]),
         # emulated compute: the slowest rank's wait per (micro-batch, layer), summed (None: experts really ran)
-        "emulated_compute_s": None if result.compute_seconds is None else _stat(result.compute_seconds.max(-1)),
+        "emulated_compute_s": None if result.compute_seconds is None else stat_of(result.compute_seconds.max(-1)),
     }
