@@ -164,14 +164,14 @@ def load_c_documents() -> list[tuple[list[Document], Source]]:
 def load_cpp_documents() -> tuple[list[Document], Source]:
     """C++ headers (sub-domain ``cpp``) written by the PyTorch project, from the installed torch wheel:
     ``include/c10`` and ``include/ATen/core`` (BSD-3-Clause; the generated ``ATen/ops`` headers and the
-    third-party libraries under ``include`` are not used); ids ``code:cpp/torch/...``."""
+    third-party libraries under ``include`` and the test folders are not used); ids ``code:cpp/torch/...``."""
     torch_dir, version = _package_dir("torch")
     inc = torch_dir / "include"
     docs = []
     for sub in ("c10", "ATen/core"):
         if not (inc / sub).is_dir():
             raise FileNotFoundError(f"code source: torch {version} has no {inc / sub}")
-        docs += _read_files(inc / sub, (".h",), f"code:cpp/torch/{sub}/", "code", "cpp")
+        docs += _read_files(inc / sub, (".h",), f"code:cpp/torch/{sub}/", "code", "cpp", frozenset({"test", "tests"}))
     return docs, _source("code", "PyTorch C++ headers (c10, ATen/core)", f"torch {version}", "BSD-3-Clause",
                          portable_path(inc), docs)
 
