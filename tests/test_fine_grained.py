@@ -114,6 +114,19 @@ def test_bias_update_balances_a_toy_router(gamma):
     torch.testing.assert_close(weights, s / s.sum(dim=1, keepdim=True) * router.routed_scaling_factor)
 
 
+def test_sample_windows_weights_subdomains_by_size_to_the_alpha():
+    """Sub-domain streams of 100, 400 and 1600 tokens (each token its stream's id): alpha 1 picks them 1:4:16,
+    alpha 0.5 picks them 1:2:4, alpha 0 evenly."""
+    from moeplace.models.train import sample_windows
+
+    streams = {"a": np.zeros(100, np.int64), "b": np.ones(400, np.int64), "c": np.full(1600, 2, np.int64)}
+    for alpha, want in ((1.0, [1, 4, 16]), (0.5, [1, 2, 4]), (0.0, [1, 1, 1])):
+        rows = sample_windows(streams, 21000, 8, alpha, np.random.default_rng(0))
+        assert all(len(r) == 8 and len(set(r)) == 1 for r in rows)
+        share = np.bincount([int(r[0]) for r in rows], minlength=3) / len(rows)
+        np.testing.assert_allclose(share, np.array(want) / sum(want), atol=0.015)
+
+
 # ------------------------------------------------------------------------------------------------ corpus
 
 

@@ -72,7 +72,8 @@ class ReferenceConfig:
     eval_every: int = 50  # held-out evaluation interval (steps); also at the last step
     eval_seqs: int = 12  # held-out sequences of seq_len per domain for the held-out loss
     threads: int = 2  # torch.set_num_threads
-    subdomain_alpha: float = 1.0  # < 1: a batch row picks a sub-domain with weight tokens**alpha (1: by size)
+    subdomain_alpha: tuple[tuple[str, float], ...] = ()  # per domain, alpha < 1: a batch row picks a sub-domain
+    # with weight tokens**alpha (domains not named: 1, rows drawn from the whole domain stream, by size)
     save_dtype: str = "bfloat16"  # dtype of the saved weights ("float32" or "bfloat16")
     sample_tokens: int = 40  # greedy tokens generated per domain for the samples in train_metrics.json
     # --- data
@@ -114,12 +115,14 @@ class ReferenceConfig:
         if self.experts_implementation not in ("eager", "grouped_mm"):
             raise ValueError(f"ReferenceConfig.experts_implementation must be 'eager' or 'grouped_mm', got "
                              f"{self.experts_implementation!r}")
-        if not 0.0 < self.subdomain_alpha <= 1.0:
-            raise ValueError(f"ReferenceConfig.subdomain_alpha must be in (0, 1], got {self.subdomain_alpha}")
+        from moeplace.models.corpus import CORPUS_VARIANTS, DOMAINS
+
+        for dom, a in self.subdomain_alpha:
+            if dom not in DOMAINS or not 0.0 <= a <= 1.0:
+                raise ValueError(f"ReferenceConfig.subdomain_alpha: expected (domain in {DOMAINS}, alpha in [0, 1]) "
+                                 f"pairs, got {self.subdomain_alpha}")
         if self.prompts_per_code_doc < 1:
             raise ValueError(f"ReferenceConfig.prompts_per_code_doc must be >= 1, got {self.prompts_per_code_doc}")
-        from moeplace.models.corpus import CORPUS_VARIANTS
-
         if self.corpus not in CORPUS_VARIANTS:
             raise ValueError(f"ReferenceConfig.corpus must be one of {CORPUS_VARIANTS}, got {self.corpus!r}")
         if self.num_heads % self.num_kv_heads:
@@ -132,8 +135,6 @@ class ReferenceConfig:
         if not 0 < self.prompt_min_tokens <= self.prompt_max_tokens:
             raise ValueError(f"need 0 < prompt_min_tokens <= prompt_max_tokens, got {self.prompt_min_tokens}, "
                              f"{self.prompt_max_tokens}")
-        from moeplace.models.corpus import DOMAINS
-
         for name in ("batch_mix", "heldout_fraction") + (("prompt_counts",) if self.prompt_counts else ()):
             keys = [k for k, _ in getattr(self, name)]
             if sorted(keys) != sorted(DOMAINS):
@@ -280,7 +281,7 @@ PRESETS["fine-grained"] = ReferenceConfig(
     moe_intermediate_size=24, routed_scaling_factor=1.0, router_aux_loss_coef=0.0, bias_update_speed=0.001,
     experts_implementation="grouped_mm", max_position_embeddings=512,
     steps=1100, seq_len=256, batch_mix=(("code", 4), ("chat", 1), ("general", 4), ("math", 3)), warmup_steps=60,
-    eval_every=100, subdomain_alpha=0.5,
+    eval_every=100, subdomain_alpha=(("code", 0.5), ("general", 0.5)),
     corpus="subdomains", math_problems=60000,
     heldout_fraction=(("code", 0.45), ("chat", 0.36), ("general", 0.25), ("math", 0.06)),
     prompt_counts=(("code", 2600), ("chat", 250), ("general", 2500), ("math", 3000)), prompts_per_code_doc=6,
@@ -328,8 +329,9 @@ def load_reference(device: str = "cpu", path: str | Path | None = None, dtype: s
 
 
 def builtin_prompts(path: str | Path | None = None) -> list[dict]:
-    """The held-out prompts: rows ``{"prompt": str, "domain": str, "doc_id": str}``, 250 per domain in the
-    order code, chat, general, math. None of their documents was seen in training (see the corpus manifest)."""
+    """The held-out prompts: rows ``{"prompt": str, "domain": str, "doc_id": str}`` (a model trained now also
+    writes ``"subdomain"``), in the order code, chat, general, math: 250 per domain for the shipped model. None of
+    their documents was seen in training (see the corpus manifest)."""
     p = (REFERENCE_DIR if path is None else Path(path)) / HELDOUT_PROMPTS_FILE
     if not p.is_file():
         raise FileNotFoundError(f"held-out prompts missing: {p}")

@@ -110,21 +110,25 @@ def eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int) -
     return out
 
 
-def subdomain_streams(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int, rng: np.random.Generator
-                      ) -> dict[str, dict[str, np.ndarray]]:
-    """Per domain and sub-domain, the training documents' tokens in a seeded order: int64 [N].
+def subdomain_streams(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int, rng: np.random.Generator,
+                      domains: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per domain of ``domains`` and sub-domain, the training documents' tokens in a seeded order: int64 [N].
 
-    Sub-domains with no more than ``seq_len`` tokens are left out (a window does not fit); a domain left with
-    none raises ValueError.
+    Sub-domains with no more than ``seq_len`` tokens (a window does not fit; e.g. small chat topics) are joined
+    into one stream named ``"(small)"``, dropped only if that too is no longer than ``seq_len``; a domain left
+    with no stream raises ValueError.
     """
     out: dict[str, dict[str, np.ndarray]] = {}
-    for dom in DOMAINS:
+    for dom in domains:
         by_sub: dict[str, list[str]] = {}
         docs = corpus.train[dom]
         for i in rng.permutation(len(docs)):
             by_sub.setdefault(docs[i].subdomain, []).append(docs[i].text)
         subs = {sub: token_stream(tokenizer, texts, eos_id) for sub, texts in sorted(by_sub.items())}
         out[dom] = {sub: s for sub, s in subs.items() if len(s) > cfg.seq_len}
+        small = [s for s in subs.values() if len(s) <= cfg.seq_len]
+        if small and sum(len(s) for s in small) > cfg.seq_len:
+            out[dom]["(small)"] = np.concatenate(small)
         if not out[dom]:
             raise ValueError(f"domain {dom!r}: no sub-domain has more than seq_len={cfg.seq_len} training tokens")
     return out
@@ -288,7 +292,8 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         streams[dom] = token_stream(tokenizer, [corpus.train[dom][i].text for i in order], eos)
         if len(streams[dom]) <= cfg.seq_len:
             raise ValueError(f"domain {dom!r}: {len(streams[dom])} training tokens, need more than seq_len")
-    sub_streams = subdomain_streams(corpus, tokenizer, cfg, eos, rng) if cfg.subdomain_alpha < 1.0 else {}
+    alpha = {d: a for d, a in cfg.subdomain_alpha if a < 1.0}
+    sub_streams = subdomain_streams(corpus, tokenizer, cfg, eos, rng, sorted(alpha))
     heldout = eval_batches(corpus, tokenizer, cfg, eos)
     # Prompts before training, so a corpus too small for them fails in seconds, not after the run.
     counts = dict(cfg.prompt_counts) if cfg.prompt_counts else cfg.prompts_per_domain
@@ -322,8 +327,8 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     for step in bar:
         rows = []
         for dom in DOMAINS:
-            if sub_streams:
-                rows.extend(sample_windows(sub_streams[dom], mix[dom], cfg.seq_len, cfg.subdomain_alpha, rng))
+            if dom in sub_streams:
+                rows.extend(sample_windows(sub_streams[dom], mix[dom], cfg.seq_len, alpha[dom], rng))
                 continue
             s = streams[dom]
             starts = rng.integers(0, len(s) - cfg.seq_len, size=mix[dom])
