@@ -15,7 +15,8 @@ EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
   moeplace trace record --model reference --prompts builtin --max-new-tokens 32 --sample-every 2 ref.trace
 
-PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain" and "source" optional).
+PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain", "subdomain" and "source" optional;
+without "source", a row with a "subdomain" is recorded with source "<domain>/<subdomain>", e.g. "code/c").
 Request ids are the line order (0, 1, ...); --sample-every n records the requests whose id hashes to 1 in n.
 A shard is flushed every --flush-every requests and on SIGTERM or Ctrl-C, so a killed recording keeps what was
 flushed (meta.json then says "complete": false); see docs/RELIABILITY.md.
@@ -78,7 +79,7 @@ def check_device(device: str) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from moeplace.trace.capture import load_prompts, record_generate, trace_meta  # imports torch
+    from moeplace.trace.capture import load_prompts, prompt_source, record_generate, trace_meta  # imports torch
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -108,7 +109,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             s = record_generate(
                 model, tokenizer, [r["prompt"] for r in rows], w,
                 domains=[r.get("domain") or "unknown" for r in rows],
-                sources=[r.get("source") or default_source for r in rows],
+                sources=[prompt_source(r) or default_source for r in rows],
                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
                 flush_every=args.flush_every,
             )

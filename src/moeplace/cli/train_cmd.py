@@ -32,12 +32,17 @@ def cmd_train_reference(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train-reference", help="train the reference MoE model (Qwen3-MoE, four domains) from installed packages",
-        description="Build the four-domain corpus (Python stdlib code, chatterbot-corpus chat, FreeBSD fortunes, "
-                    "generated math), split it by document, train a byte-level BPE tokenizer and a small "
-                    "Qwen3-MoE, and write the model folder with held-out prompts, corpus manifest, metrics and "
-                    "loss curve. The default config reproduces the shipped model (about 35-60 min on 2 CPU cores).",
+        "train-reference", help="train a reference MoE model (Qwen3-MoE or DeepSeek-V3, four domains) from installed "
+                                 "packages",
+        description="Build the four-domain corpus (code, chat, general prose, generated math; the fine-grained "
+                    "configs add sub-domains: C, C++ and Cython code, Python documentation prose), split it by "
+                    "document, train a byte-level BPE tokenizer and the model, and write the model folder with "
+                    "held-out prompts, corpus manifest, metrics and loss curve. The default config reproduces the "
+                    "shipped Qwen3-MoE (about 35-60 min on 2 CPU cores); fine-grained is the DeepSeek-V3-shaped "
+                    "second model (64 experts in 8 groups, top-6, 2 shared; about 65 min on 2 cores; "
+                    "docs/REFERENCE_MODEL.md).",
         epilog="examples:\n  moeplace train-reference --out out/reference\n"
+               "  moeplace train-reference --config fine-grained --out out/reference-fg\n"
                "  moeplace train-reference --config tiny --out /tmp/ref-tiny   # seconds\n"
                "  moeplace train-reference --kv-heads 4 --foe-groups 4 --out out/foe4",
         formatter_class=argparse.RawDescriptionHelpFormatter,

