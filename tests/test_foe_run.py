@@ -227,3 +227,15 @@ def test_simulate_refuses_an_foe_plan(foe2_dir, tmp_path):
     assert run_cli("plan", str(foe2_dir), "--strategy", "foe", "--cluster", "2x2", "--out", str(out)).returncode == 0
     r = run_cli("simulate", str(foe2_dir), "--plan", str(out))
     assert r.returncode == 2 and "FoE plan" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_shipped_foe_trace():
+    from moeplace.data import FOE_TRACE
+    from moeplace.trace import read_trace
+
+    tr = read_trace(FOE_TRACE)  # the validating reader also checks the group order of every row
+    assert tr.meta.foe_groups == 2 and not tr.meta.synthetic and tr.meta.complete
+    assert len(tr.requests) == 1000 and set(np.unique(tr.tokens.phase)) == {0, 1}
+    ids = tr.tokens.expert_ids.astype(int)
+    assert ((ids // 16) == (np.arange(4) // 2)).all()  # group h's K/H = 2 experts among its E/H = 16, in order
+    assert set(tr.requests.domain.tolist()) == {"code", "chat", "general", "math"}
