@@ -59,7 +59,7 @@ def plot(summary: dict, groups: list[int], domains: list[str], steps: int, dest:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 3.6), dpi=120)
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / len(groups)
     x = np.arange(len(domains) + 1)
     labels = domains + ["mean"]
@@ -72,8 +72,25 @@ def plot(summary: dict, groups: list[int], domains: list[str], steps: int, dest:
                label="MoE (H = 1)" if h == 1 else f"FoE H = {h}")
     ax.set_xticks(x, labels)
     ax.set_ylabel("held-out cross-entropy (nats/token)")
-    ax.set_title(f"FoE vs MoE at equal parameters, {steps} steps, 2 seeds (bars: min..max over seeds)", fontsize=9)
+    ax.set_title(f"held-out loss, {steps} steps, 2 seeds (bars: min..max)", fontsize=9)
     ax.legend(fontsize=8)
+    foe = [h for h in groups if h != 1]
+    if "H1" in summary and foe:  # the differences the left panel cannot show at its scale
+        w2 = 0.8 / len(foe)
+        xd = np.arange(len(domains))
+        base = summary["H1"]
+        for i, h in enumerate(foe):
+            s = summary[f"H{h}"]
+            diff = np.array([s[d]["mean"] - base[d]["mean"] for d in domains])
+            lo = diff - np.array([s[d]["min"] - base[d]["max"] for d in domains])  # widest gap over seed pairs
+            hi = np.array([s[d]["max"] - base[d]["min"] for d in domains]) - diff
+            dx.bar(xd + (i - (len(foe) - 1) / 2) * w2, diff, w2, yerr=[lo, hi], capsize=3, label=f"FoE H = {h}",
+                   color=f"C{groups.index(h)}")
+        dx.axhline(0, color="k", lw=0.8)
+        dx.set_xticks(xd, domains)
+        dx.set_ylabel("FoE - MoE (nats/token; < 0: FoE better)")
+        dx.set_title("difference to the MoE (bars: min..max over seed pairs)", fontsize=9)
+        dx.legend(fontsize=8)
     fig.tight_layout()
     tmp = dest.with_name(f".{dest.name}.tmp")
     fig.savefig(tmp, format="png")
