@@ -239,3 +239,10 @@ def test_shipped_foe_trace():
     ids = tr.tokens.expert_ids.astype(int)
     assert ((ids // 16) == (np.arange(4) // 2)).all()  # group h's K/H = 2 experts among its E/H = 16, in order
     assert set(tr.requests.domain.tolist()) == {"code", "chat", "general", "math"}
+
+
+def test_run_ep_refuses_two_hop_on_an_foe_trace(foe2_dir, tmp_path):
+    out = tmp_path / "p.json"
+    assert run_cli("plan", str(foe2_dir), "--strategy", "foe", "--cluster", "2x2", "--out", str(out)).returncode == 0
+    r = run_cli("run-ep", str(foe2_dir), "--plan", str(out), "--cluster", "2x2", "--two-hop")
+    assert r.returncode == 2 and "--two-hop" in r.stderr and len(r.stderr.strip().splitlines()) == 1
