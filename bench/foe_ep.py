@@ -226,6 +226,7 @@ def run(args) -> dict:
     from moeplace.run.launch import launch
     from moeplace.run.netns import emulated_cluster
     from moeplace.run.replay import ReplayConfig, compute_seconds, predict, replay_cases, replay_cost, summarize
+    from moeplace.run.report import FOE_BYTE_KEYS
     from moeplace.simulate import BatchConfig
     from moeplace.simulate.foe import replay_foe
 
@@ -302,8 +303,7 @@ def run(args) -> dict:
                 wall = time.perf_counter() - t0
                 m = summarize_foe(fr)
                 sim = replay_foe(sub, rows, plan, replay_cost(cfg), batching)
-                keys = ("inter_node_bytes", "intra_node_bytes", "allreduce_inter_node_bytes",
-                        "allreduce_intra_node_bytes")
+                keys = FOE_BYTE_KEYS
                 lay = fr.layout
                 sent = fr.dispatch_bytes + fr.combine_bytes + fr.meta_bytes + fr.allreduce_bytes
                 comp = float(waits.max(-1).sum()) if waits is not None else 0.0

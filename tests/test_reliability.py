@@ -327,15 +327,20 @@ def test_kill9_plan_keeps_the_old_plan(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.json"]
 
 
-def test_plan_from_an_empty_trace_is_refused(tmp_path):
-    """A trace with no token rows (e.g. left by a killed import) gives no plan, one line, exit 2."""
+def write_empty_trace(path) -> None:
+    """A per-token trace with no token rows (what a killed import can leave behind)."""
     from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
 
     meta = TraceMeta(model="m", num_layers=2, num_experts=8, top_k=2, hidden_size=16)
     req = Requests(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int32),
                    np.zeros(0, np.int32))
     tok = TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros((0, 2, 2), np.int16))
-    write_trace(tmp_path / "e.trace", Trace(meta, req, tok, None))
+    write_trace(path, Trace(meta, req, tok, None))
+
+
+def test_plan_from_an_empty_trace_is_refused(tmp_path):
+    """A trace with no token rows (e.g. left by a killed import) gives no plan, one line, exit 2."""
+    write_empty_trace(tmp_path / "e.trace")
     for strategy in ("linear", "eplb", "joint"):
         res = moeplace("plan", tmp_path / "e.trace", "--strategy", strategy, "--cluster", "2x2", "--out",
                        tmp_path / "p.json")
@@ -345,13 +350,7 @@ def test_plan_from_an_empty_trace_is_refused(tmp_path):
 
 def test_operate_on_an_empty_trace_is_refused(tmp_path):
     """operate over a stream without token rows is one line, exit 2, and writes no summary."""
-    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
-
-    meta = TraceMeta(model="m", num_layers=2, num_experts=8, top_k=2, hidden_size=16)
-    req = Requests(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int32),
-                   np.zeros(0, np.int32))
-    tok = TokenChunk(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros((0, 2, 2), np.int16))
-    write_trace(tmp_path / "e.trace", Trace(meta, req, tok, None))
+    write_empty_trace(tmp_path / "e.trace")
     res = moeplace("operate", tmp_path / "e.trace", "--cluster", "2x2", "--model-preset", "gpt-oss-20b", "--json",
                    tmp_path / "o.json")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr

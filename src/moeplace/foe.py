@@ -131,15 +131,16 @@ class FoeLayout:
         b = self.block_size
         return [h * b + gpu % b for h in range(self.groups)]
 
-    def ring_index(self, gpu: int) -> int:
-        """Which tokens ``gpu`` holds: those with this ring index (0 when W <= H: all)."""
-        return gpu % self.block_size if self.world_size > self.groups else 0
+    def ring_index(self, gpu):
+        """Which tokens ``gpu`` holds: those with this ring index (0 when W <= H: all). ``gpu``: an int, or an
+        int array (e.g. the plan homes of requests) -> the ring index of each."""
+        return gpu % self.block_size  # block_size is 1 when W <= H
 
     def blocks(self) -> list[list[int]]:
         return [self.block(g) for g in range(0, self.world_size, self.block_size)]
 
     def rings(self) -> list[list[int]]:
-        return [self.ring(i) for i in range(self.block_size if self.world_size > self.groups else 1)]
+        return [self.ring(i) for i in range(self.block_size)]  # one ring per ring index
 
 
 def ring_chunks(rows: int, p: int) -> np.ndarray:

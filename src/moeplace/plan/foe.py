@@ -50,7 +50,7 @@ def plan_foe(work: Workload, cluster: Cluster, num_redundant: int, **_: object) 
     homes = None
     if work.has_tokens:
         tokens = np.bincount(work.token_request, minlength=work.num_requests)
-        homes = balance_rings(tokens, layout.block_size if W > H else 1)
+        homes = balance_rings(tokens, layout.block_size)
     extra = {"foe_groups": H, "block_size": layout.block_size, "ring_size": layout.ring_size,
              "groups_per_gpu": layout.groups_per_gpu}
     return StrategyResult(phy2log, homes, extra=extra, foe_groups=H)

@@ -44,6 +44,7 @@ from moeplace.run.replay import (
     stat_of,
     time_stat,
     token_hidden,
+    token_homes,
 )
 from moeplace.simulate import link_counts
 from moeplace.trace.store import Trace
@@ -75,10 +76,7 @@ def foe_batches(sub: Trace, rows: list[np.ndarray], plan: Plan) -> list[MicroBat
     lay = layout_of(plan)
     tk = sub.tokens
     check_foe_routing(tk.expert_ids, plan.placement.num_experts, lay.groups, "FoE window")
-    home_table = plan.home_of(sub.requests.request_id)  # [R], request-table order (as the simulator's homes)
-    order = np.argsort(sub.requests.request_id, kind="stable")
-    pos = np.searchsorted(sub.requests.request_id[order], tk.request_id)
-    ring = (home_table[order][pos] % lay.block_size) if lay.world_size > lay.groups else np.zeros(len(pos), np.int64)
+    ring = lay.ring_index(token_homes(sub, plan))  # [T]
     out = []
     for r in rows:
         w = None if tk.expert_weights is None else tk.expert_weights[r].astype(np.float32)
@@ -142,11 +140,11 @@ def foe_replay_rank(ctx, batches: list[MicroBatch], waits: np.ndarray | None, nu
     disp = Dispatcher(block.index(rank), len(block), len(block), S, group=block_pg[tuple(block)], recorder=rec)
     full = expert_table(cfg, num_experts).to(device)
     L = batches[0].expert_ids.shape[1] if batches else 0
-    layers = [MoELayer(ExpertView(full, tuple(range(rank * S, (rank + 1) * S)))) for _ in range(L)]
+    moe = MoELayer(ExpertView(full, tuple(range(rank * S, (rank + 1) * S))))  # expert e on slot e in every layer
     my_ring = lay.ring_index(rank)
     inputs = []
     for b, mb in enumerate(batches):
-        mine = np.flatnonzero(mb.home == my_ring) if lay.world_size > lay.groups else np.arange(len(mb))
+        mine = np.flatnonzero(mb.home == my_ring)  # W <= H: every ring index is 0, every token is here
         slots = mb.slots[mine][:, :, cols] - block[0] * S  # [T_r, L, K_r] slot index inside the block
         inputs.append((mine, token_hidden(cfg, b, len(mb))[mine].to(dtype).to(device),
                        torch.as_tensor(slots, device=device), torch.as_tensor(mb.weights[mine][:, :, cols],
@@ -160,7 +158,7 @@ def foe_replay_rank(ctx, batches: list[MicroBatch], waits: np.ndarray | None, nu
     def layer_pass(b: int, layer: int, wait: float | None) -> tuple[torch.Tensor, float, int]:
         _, x, slots, w = inputs[b]
         t0 = time.perf_counter()
-        m = layers[layer].forward(x, slots[:, layer], w[:, layer], disp, wait)
+        m = moe.forward(x, slots[:, layer], w[:, layer], disp, wait)
         t1 = time.perf_counter()
         y, ar_bytes = ring_all_reduce(m, rpg, pos, p)
         return y, t1 - t0, ar_bytes

@@ -148,13 +148,18 @@ def select_window(trace: Trace, plan: Plan, batching: BatchConfig, phase: str = 
     return sub, [np.flatnonzero(mb_sub == m) for m in chosen.tolist()]
 
 
+def token_homes(sub: Trace, plan: Plan) -> np.ndarray:
+    """int64 [T]: the plan's home of each token's request (``plan.home_of`` over the request table, in table
+    order, as the simulator gives homes)."""
+    home_table = plan.home_of(sub.requests.request_id)  # [R]
+    order = np.argsort(sub.requests.request_id, kind="stable")
+    return home_table[order][np.searchsorted(sub.requests.request_id[order], sub.tokens.request_id)]
+
+
 def batches_from_window(sub: Trace, rows: list[np.ndarray], plan: Plan, rule: str = DEFAULT_RULE) -> list[MicroBatch]:
     """The micro-batches of :func:`select_window` with homes from the plan and slots from the replica rule."""
     tk = sub.tokens
-    home_table = plan.home_of(sub.requests.request_id)  # [R] in request-table order, as the simulator does
-    order = np.argsort(sub.requests.request_id, kind="stable")
-    pos = np.searchsorted(sub.requests.request_id[order], tk.request_id)
-    home = home_table[order][pos]  # [T] home rank of each token
+    home = token_homes(sub, plan)  # [T] home rank of each token
     out = []
     for r in rows:
         w = None if tk.expert_weights is None else tk.expert_weights[r].astype(np.float32)

@@ -30,14 +30,6 @@ from moeplace.simulate.simulator import simulate
 from moeplace.trace.store import Trace
 
 
-def request_rings(trace: Trace, plan: Plan, layout: FoeLayout) -> np.ndarray:
-    """int64 [R]: ring index of each request of ``trace.requests`` (plan home modulo the block size; 0 when
-    W <= H)."""
-    if layout.world_size <= layout.groups:
-        return np.zeros(len(trace.requests), np.int64)
-    return plan.home_of(trace.requests.request_id) % layout.block_size
-
-
 def replay_foe(window: Trace, microbatch_rows: list[np.ndarray], plan: Plan, cost: CostConfig,
                batching: BatchConfig | None = None) -> dict:
     """Bytes of an FoE layer on the window's tokens: ``inter_node_bytes`` / ``intra_node_bytes`` of the
@@ -54,7 +46,7 @@ def replay_foe(window: Trace, microbatch_rows: list[np.ndarray], plan: Plan, cos
         raise ValueError("replay_foe: the plan is not an FoE plan (foe_groups = 1)")
     lay = FoeLayout(H, plan.cluster.world_size, plan.cluster.gpus_per_node)
     W, G, L, K = lay.world_size, lay.gpus_per_node, meta.num_layers, meta.top_k
-    rings = request_rings(window, plan, lay)
+    rings = lay.ring_index(plan.home_of(window.requests.request_id))  # [R]
     sub = foe_split(window, H)
     sub_plan = foe_plan(plan.cluster, L, meta.num_experts, H, sub.requests.request_id, np.repeat(rings, H))
     sim = simulate(sub, sub_plan, cost=cost, batching=batching or BatchConfig()).all
@@ -63,19 +55,18 @@ def replay_foe(window: Trace, microbatch_rows: list[np.ndarray], plan: Plan, cos
     row_bytes = int(round(hidden * cost.combine_bytes))
     order = np.argsort(window.requests.request_id, kind="stable")
     tok_ring = rings[order][np.searchsorted(window.requests.request_id[order], window.tokens.request_id)]
-    n_rings = len(lay.rings())
     ar = np.zeros((W, W), np.int64)
     tokens = 0
     for rows in microbatch_rows:
-        ar += allreduce_bytes(np.bincount(tok_ring[rows], minlength=n_rings), lay, row_bytes)
+        ar += allreduce_bytes(np.bincount(tok_ring[rows], minlength=lay.block_size), lay, row_bytes)
         tokens += len(rows)
-    c = link_counts(ar * L, G)
+    c = link_counts(ar, G) * L  # every layer reduces the same rows
     p = lay.ring_size
     remote = int(sim.pairs.sum() - sim.local_pairs.sum())  # pairs served off the sub-token's home GPU
     return {
         "inter_node_bytes": {k: res["inter_node_bytes"][k] for k in ("total", "per_layer")},
         "intra_node_bytes": {k: res["intra_node_bytes"][k] for k in ("total", "per_layer")},
-        "allreduce_inter_node_bytes": {"total": int(c[2]), "per_layer": [int(c[2]) // L] * L},
+        "allreduce_inter_node_bytes": {"total": int(c[2]), "per_layer": [int(c[2]) // L] * L},  # exact: c = x L
         "allreduce_intra_node_bytes": {"total": int(c[1]), "per_layer": [int(c[1]) // L] * L},
         "allreduce_matrix_bytes": (ar * L).tolist(),
         "closed_form": {
