@@ -390,3 +390,43 @@ def test_closed_pipe_exits_quietly(work_dir):
     p.stdout.close()  # the reader is gone before the first write, as with `| head -0`
     _, err = p.communicate(timeout=60)
     assert err.decode() == "" and p.returncode == 141
+
+
+# --------------------------------------------------------------------------------------- FoE plans and traces
+
+
+@pytest.fixture(scope="module")
+def foe_files(work_dir):
+    """An FoE trace (synthetic, H = 2, E = 32, k = 4) and a valid FoE plan for it on 2x2."""
+    from moeplace.synth import SynthConfig, synthesize
+
+    trace = work_dir / "foe.trace"
+    if not trace.exists():
+        synthesize(trace, "gpt-oss-20b", SynthConfig(num_requests=8, prompt_len=4, gen_len=2, foe_groups=2,
+                                                     calibrate=False))
+    plan = work_dir / "foe.plan.json"
+    assert main(["plan", str(trace), "--strategy", "foe", "--cluster", "2x2", "--out", str(plan)]) == 0
+    return trace, json.loads(plan.read_text())
+
+
+@pytest.mark.parametrize("value", [0, -1, 1, 3, 5, 2.5, "2", None, True, [2], {"h": 2}, 10 ** 30, "delete"])
+def test_bad_foe_groups_in_a_plan_given_to_run_ep(value, foe_files, work_dir, capsys):
+    """run-ep on an FoE trace with a plan whose foe_groups is wrong in type, range or fit: exit 2, one line naming
+    the plan file, before any rank starts (a plain plan for an FoE trace included)."""
+    trace, plan = foe_files
+    bad = {k: v for k, v in plan.items() if k != "foe_groups"} if value == "delete" else {**plan, "foe_groups": value}
+    f = work_dir / "foe-bad.plan.json"
+    f.write_text(dump(bad))
+    rc, err = run_main(["run-ep", trace, "--plan", f, "--cluster", "2x2", "--microbatches", "1"], capsys)
+    assert rc == 2
+    check_outcome(rc, err, [str(f)])
+
+
+@pytest.mark.parametrize("args", [["--strategy", "foe", "--cluster", "4x1"], ["--strategy", "foe", "--cluster", "2x2",
+                                                                              "--redundant", "4"]])
+def test_foe_plans_that_cannot_be_placed(args, foe_files, work_dir, capsys):
+    trace, _ = foe_files
+    out = work_dir / "never.json"
+    rc, err = run_main(["plan", trace, *args, "--out", out], capsys)
+    assert rc == 2 and not out.exists()
+    check_outcome(rc, err, [])
