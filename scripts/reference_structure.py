@@ -11,7 +11,13 @@ Self-contained numpy over the trace store (so it can check moeplace.analyse rath
   between the domains' expert-frequency vectors per layer, with a noise floor (two random halves of one domain);
 - prefill-decode correlation: per request and layer, Pearson correlation of the prefill and the decode
   expert-count vectors, averaged; baseline: the same with another request's decode vector (same domain, and
-  another domain), which tells request-specific from domain-generic agreement.
+  another domain), which tells request-specific from domain-generic agreement;
+- sub-domain specificity (when request sources are ``<domain>/<subdomain>``): the same classifiers over the
+  sub-domain labels with at least ``MIN_LABEL`` requests, and within each domain;
+- group-limited routing (when ``meta.extra`` has ``expert_groups``/``topk_groups``, DeepSeek-V3 style): how many
+  groups (expert // (E / groups)) each token-layer's K experts fall in, against the limit;
+- decode temporal overlap: per layer, the share of a decode token's K experts that the same request's previous
+  decode token also chose; baseline: the same share for two decode tokens of different requests.
 
 Usage::
 
@@ -125,6 +131,61 @@ def row_pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(den > 0, (a * b).sum(axis=1) / den, np.nan)
 
 
+MIN_LABEL = 10  # a sub-domain needs this many requests to be classified (5 per half)
+
+
+def groups_per_token(ids_TLK: np.ndarray, num_experts: int, num_groups: int) -> np.ndarray:
+    """Number of distinct expert groups (contiguous blocks of E / num_groups ids) among each token-layer's K
+    experts: [T, L] int."""
+    g = ids_TLK // (num_experts // num_groups)  # [T, L, K]
+    hit = np.zeros(g.shape[:2] + (num_groups,), dtype=bool)
+    t, la, _ = np.indices(g.shape)
+    hit[t.ravel(), la.ravel(), g.ravel()] = True
+    return hit.sum(axis=2)
+
+
+def set_overlap(a_NLK: np.ndarray, b_NLK: np.ndarray) -> np.ndarray:
+    """Share of the K ids of ``a`` that also appear in ``b``, per row and layer: [N, L] in [0, 1]."""
+    return (a_NLK[..., :, None] == b_NLK[..., None, :]).any(axis=-1).mean(axis=-1)
+
+
+def temporal_overlap(request_id: np.ndarray, position: np.ndarray, ids_TLK: np.ndarray, seed: int) -> dict:
+    """Consecutive-decode-token overlap per layer, and a different-request baseline (decode rows only given)."""
+    order = np.lexsort((position, request_id))
+    r, p, x = request_id[order], position[order], ids_TLK[order]
+    nxt = np.flatnonzero((r[1:] == r[:-1]) & (p[1:] == p[:-1] + 1))
+    if not len(nxt):
+        return {"pairs": 0}
+    ov = set_overlap(x[nxt], x[nxt + 1])  # [N, L]
+    rng = np.random.default_rng(seed)
+    other = rng.integers(0, len(x), size=len(nxt))
+    keep = r[other] != r[nxt]
+    base = set_overlap(x[nxt][keep], x[other][keep])
+    return {"pairs": int(len(nxt)), "mean": float(ov.mean()), "per_layer": ov.mean(axis=0).tolist(),
+            "baseline_other_request": float(base.mean())}
+
+
+def label_accuracy(cnt: np.ndarray, labels: np.ndarray, seed: int) -> dict:
+    """Classifiers of ``labels`` [R] from expert counts [R, L, E]; labels with fewer than MIN_LABEL requests are
+    left out (and listed)."""
+    names, n = np.unique(labels, return_counts=True)
+    kept = set(names[n >= MIN_LABEL].tolist())
+    sel = np.array([lab in kept for lab in labels])
+    out: dict = {"labels": {str(a): int(b) for a, b in zip(names, n, strict=True) if a in kept},
+                 "left_out_fewer_than_min": {str(a): int(b) for a, b in zip(names, n, strict=True) if a not in kept}}
+    if len(kept) < 2:
+        return out
+    x, y = features(cnt[sel]), labels[sel]
+    trn, tst = stratified_halves(y, seed)
+    out.update({
+        "requests": int(sel.sum()),
+        "majority_baseline": float(max(np.mean(y[tst] == c) for c in kept)),
+        "nearest_centroid_accuracy": nearest_centroid_accuracy(x, y, trn, tst),
+        "softmax_regression_accuracy": softmax_regression_accuracy(x, y, trn, tst),
+    })
+    return out
+
+
 def structure(path: str, seed: int = 0) -> dict:
     tr = read_trace(path)
     meta, tok, req = tr.meta, tr.tokens, tr.requests
@@ -204,6 +265,28 @@ def structure(path: str, seed: int = 0) -> dict:
         "baseline_other_request_same_domain": float(np.nanmean(base_same)),
         "baseline_other_request_other_domain": float(np.nanmean(base_other)),
     }
+
+    # Sub-domains, when the sources carry them.
+    src = np.asarray(req.source).astype(str)
+    sub = np.array([s.split(" (")[0] for s in src])
+    if all("/" in s and s.split("/", 1)[0] == d for s, d in zip(sub, dom, strict=True)):
+        out["subdomain"] = {"all": label_accuracy(cnt, sub, seed),
+                            "within_domain": {d: label_accuracy(cnt[dom == d], sub[dom == d], seed) for d in domains}}
+
+    # Group-limited routing.
+    groups, limit = meta.extra.get("expert_groups"), meta.extra.get("topk_groups")
+    if groups:
+        gpt = groups_per_token(ids, E, int(groups))
+        hist = np.bincount(gpt.ravel(), minlength=int(groups) + 1)
+        out["groups"] = {"expert_groups": int(groups), "topk_groups": limit, "token_layers": int(gpt.size),
+                         "max_groups_per_token_layer": int(gpt.max()),
+                         "mean_groups_per_token_layer": float(gpt.mean()),
+                         "histogram": {str(i): int(c) for i, c in enumerate(hist) if c},
+                         "violations": int((gpt > int(limit)).sum()) if limit else None}
+
+    # Decode temporal overlap.
+    dsel = tok.phase == DECODE
+    out["temporal"] = temporal_overlap(tok.request_id[dsel], tok.position[dsel], ids[dsel], seed)
     return out
 
 
@@ -242,6 +325,27 @@ def markdown(s: dict) -> str:
         f"| baseline: another request's decode, same domain / other domain | "
         f"{pd['baseline_other_request_same_domain']:.3f} / {pd['baseline_other_request_other_domain']:.3f} |",
     ]
+    if "subdomain" in s:
+        a = s["subdomain"]["all"]
+        if "softmax_regression_accuracy" in a:
+            lines.append(f"| sub-domain accuracy, softmax regression / nearest centroid ({len(a['labels'])} "
+                         f"sub-domains with >= {MIN_LABEL} requests; majority {a['majority_baseline']:.3f}) | "
+                         f"{a['softmax_regression_accuracy']:.3f} / {a['nearest_centroid_accuracy']:.3f} |")
+        within = [f"{d} {v['softmax_regression_accuracy']:.3f} ({len(v['labels'])} labels, majority "
+                  f"{v['majority_baseline']:.3f})" for d, v in s["subdomain"]["within_domain"].items()
+                  if "softmax_regression_accuracy" in v]
+        if within:
+            lines.append("| sub-domain accuracy within a domain, softmax regression | " + ", ".join(within) + " |")
+    if "groups" in s:
+        g = s["groups"]
+        lines.append(f"| group-limited routing: most groups per token-layer (limit {g['topk_groups']} of "
+                     f"{g['expert_groups']}); mean; violations | {g['max_groups_per_token_layer']}; "
+                     f"{g['mean_groups_per_token_layer']:.2f}; {g['violations']} of {g['token_layers']:,} |")
+    t = s.get("temporal", {})
+    if t.get("pairs"):
+        lines.append(f"| decode temporal overlap (share of a token's experts its predecessor chose), mean over "
+                     f"layers / per layer | {t['mean']:.3f} / " + ", ".join(f"{v:.2f}" for v in t["per_layer"])
+                     + f" (other-request baseline {t['baseline_other_request']:.3f}) |")
     return "\n".join(lines)
 
 

@@ -245,10 +245,16 @@ def test_tiny_fine_grained_trace_is_group_limited(tiny_fg, tmp_path):
     out, _ = tiny_fg
     trace = tmp_path / "fg.trace"
     assert main(["trace", "record", "--model", str(out), "--prompts", str(out / HELDOUT_PROMPTS_FILE),
-                 "--max-new-tokens", "3", "--batch-size", "8", str(trace)]) == 0
+                 "--max-new-tokens", "4", "--min-new-tokens", "4", "--no-weights", "--batch-size", "8",
+                 str(trace)]) == 0
     tr = read_trace(trace)
     m = tr.meta
     assert (m.num_layers, m.num_experts, m.top_k, m.num_shared_experts, list(m.moe_layer_map)) == (2, 64, 6, 2, [1, 2])
+    assert not m.has_weights and tr.tokens.expert_weights is None  # --no-weights: ids only
+    assert (m.extra["expert_groups"], m.extra["topk_groups"]) == (8, 4)  # the router's rule, for checks on the trace
+    # --min-new-tokens 4 masks EOS: every request feeds 3 decode tokens (the 4th generated one is never fed)
+    dec = np.bincount(tr.tokens.request_id[tr.tokens.phase == 1])
+    assert (dec[tr.requests.request_id] == 3).all()
     rows = builtin_prompts(out)
     assert sorted(tr.requests.source.tolist()) == sorted(f"{r['domain']}/{r['subdomain']}" for r in rows)
     ids = tr.tokens.expert_ids.astype(np.int64)  # [T, L, K]

@@ -38,7 +38,7 @@ import numpy as np
 
 from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
 
-KEYS = ("domain", "dataset")
+KEYS = ("domain", "dataset", "subdomain")
 SCHEDULE_FORMAT = "moeplace-mix-schedule"
 SCHEDULE_VERSION = 1
 
@@ -360,11 +360,20 @@ def dataset_of(source: np.ndarray) -> np.ndarray:
     return np.array([str(s).split("/", 1)[0] for s in source], dtype=object)
 
 
+def subdomain_of(source: np.ndarray) -> np.ndarray:
+    """object [R]: each request's ``source`` without a stream's ``" (drawn from request i)"`` suffix: the
+    ``<domain>/<subdomain>`` label of a recorded prompt (``code/c``), or gpt-oss-20b's ``dataset/category``."""
+    return np.array([str(s).split(" (drawn from", 1)[0] for s in source], dtype=object)
+
+
 def keys_of(requests: Requests, key: str = "domain") -> np.ndarray:
-    """object [R]: each request's domain (``key="domain"``) or dataset (``key="dataset"``)."""
+    """object [R]: each request's domain (``key="domain"``), dataset (``key="dataset"``) or sub-domain label
+    (``key="subdomain"``, :func:`subdomain_of`)."""
     if key not in KEYS:
         raise ValueError(f"key {key!r}: expected one of {KEYS}")
-    return np.asarray(requests.domain, dtype=object) if key == "domain" else dataset_of(requests.source)
+    if key == "domain":
+        return np.asarray(requests.domain, dtype=object)
+    return dataset_of(requests.source) if key == "dataset" else subdomain_of(requests.source)
 
 
 def grouped_order(keys: np.ndarray) -> np.ndarray:

@@ -272,6 +272,10 @@ def test_every_option_refuses_values_out_of_range(cmd, action):
     (["synth", "out.trace", "--preset", "gpt-oss-20b", "--requests", "0"], ["--requests"]),
     (["trace", "record", "--model", "m", "--prompts", "p", "--max-new-tokens", "1", "--device", "bogus", "o"],
      ["--device"]),
+    (["trace", "record", "--model", "m", "--prompts", "p", "--max-new-tokens", "2", "--min-new-tokens", "3", "o"],
+     ["--min-new-tokens"]),
+    (["trace", "record", "--model", "m", "--prompts", "p", "--max-new-tokens", "2", "--min-new-tokens", "-1", "o"],
+     ["--min-new-tokens"]),
     (["run-ep", "T", "--plan", "P", "--cluster", "2x2", "--ffn", "-3"], ["--ffn"]),
     (["run-ep", "T", "--plan", "P", "--cluster", "2x2", "--hidden", "100000000"], ["--hidden"]),
 ])

@@ -93,8 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "bursts: moeplace.workloads.MixSchedule.to_json)")
     p.add_argument("--stream-requests", type=int_in(1, 1 << 24), help="--order schedule: arrivals (default one "
                    "pass over the schedule's phases)")
-    p.add_argument("--stream-key", choices=("domain", "dataset"), default="domain",
-                   help="--order schedule: the schedule's keys are domains or datasets (source before '/')")
+    p.add_argument("--stream-key", choices=("domain", "dataset", "subdomain"), default="domain",
+                   help="--order schedule: the schedule's keys are domains, datasets (source before '/') or "
+                        "sub-domain labels (the whole source, e.g. code/c)")
     p.add_argument("--drift-requests", type=int_in(1, 1 << 24), default=1000,
                    help="--order drift: requests per phase (one phase per domain)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS, or nodes with --cluster-preset")

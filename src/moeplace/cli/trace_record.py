@@ -14,6 +14,9 @@ from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
 EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
   moeplace trace record --model reference --prompts builtin --max-new-tokens 32 --sample-every 2 ref.trace
+  moeplace trace record --model src/moeplace/data/reference-fg \
+      --prompts src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 \
+      --no-weights --sample-every 2 --batch-size 64 reference-fg.trace
 
 PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain", "subdomain" and "source" optional;
 without "source", a row with a "subdomain" is recorded with source "<domain>/<subdomain>", e.g. "code/c").
@@ -87,6 +90,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.sample_every < 1:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
+    if args.min_new_tokens > args.max_new_tokens:
+        raise ValueError(f"--min-new-tokens {args.min_new_tokens} exceeds --max-new-tokens {args.max_new_tokens}")
     if args.flush_every < 1:
         raise ValueError(f"--flush-every must be >= 1, got {args.flush_every}")
     if args.prompts == "builtin":
@@ -98,7 +103,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                          "or 'reference')")
     check_device(args.device)
     model, tokenizer, name = _load_model(args.model, args.device, args.dtype)
-    meta = trace_meta(model, sample_every=args.sample_every, model_name=name)
+    meta = trace_meta(model, sample_every=args.sample_every, model_name=name, record_weights=not args.no_weights)
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
     from moeplace.trace.store import TraceWriter
 
@@ -112,6 +117,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                 sources=[prompt_source(r) or default_source for r in rows],
                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
                 flush_every=args.flush_every,
+                generate_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
             )
     except _Terminated:
         print(f"moeplace trace record: terminated; the requests flushed so far are in {args.out} "
@@ -139,6 +145,9 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help="JSONL prompt file, or 'builtin' (the reference prompt set)")
     p.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), required=True, metavar="N",
                    help="tokens to generate per request")
+    p.add_argument("--min-new-tokens", type=int_in(0, 1 << 20), default=0, metavar="N",
+                   help="generate at least N tokens (EOS is masked until then, as transformers' min_new_tokens "
+                        "and a serving benchmark's ignore-eos do; default 0: stop at EOS)")
     p.add_argument("--batch-size", type=int_in(1, 4096), default=8, metavar="B",
                    help="requests per generate call (default 8)")
     p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=1, metavar="n",
@@ -146,6 +155,8 @@ def register(tsub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_spec, default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="weights dtype (default auto: as saved)")
+    p.add_argument("--no-weights", action="store_true",
+                   help="record expert ids only, not the routers' top-k weights (about a quarter of the bytes)")
     p.add_argument("--flush-every", type=int_in(1, 1 << 20), default=DEFAULT_FLUSH_EVERY, metavar="N",
                    help=f"write a shard every N requests, so a kill loses at most N (default {DEFAULT_FLUSH_EVERY})")
     p.add_argument("--overwrite", action="store_true",

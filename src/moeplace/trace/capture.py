@@ -96,13 +96,17 @@ def _text_config(model: torch.nn.Module):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | None = None) -> TraceMeta:
-    """The :class:`TraceMeta` for routing captured from ``model`` (with ``has_weights=True``).
+def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | None = None,
+               record_weights: bool = True) -> TraceMeta:
+    """The :class:`TraceMeta` for routing captured from ``model`` (``has_weights`` = ``record_weights``).
 
     ``sample_every``: record 1 in n requests (sampling rate 1/n). ``model_name`` defaults to the name or path the
     model was loaded from, else its class name. The MoE-layer map comes from the router module names, so dense
     layers (DeepSeek-V3's ``first_k_dense_replace``, Qwen's ``mlp_only_layers``) are left out of L.
     ``foe_groups`` is the config's ``foe_groups`` (a Federation-of-Experts model, :mod:`moeplace.models.foe`), else 1.
+    A group-limited router (DeepSeek-V3's ``n_group`` > 1) is recorded in ``extra`` as ``expert_groups`` (contiguous
+    blocks of E / n_group experts) and ``topk_groups`` (the most groups one token may use), so the trace alone can
+    be checked against the rule.
     """
     n = _check_sample_every(sample_every)
     routers = find_routers(model)
@@ -118,6 +122,17 @@ def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | 
     foe_groups = getattr(cfg, "foe_groups", None) or 1  # FoE (moeplace.models.foe): the router orders ids by group
     import transformers
 
+    extra = {
+        "architecture": type(model).__name__,
+        "router_class": type(routers[0][2]).__name__,
+        "expert_weights": "top-k weights the router hands to the experts module (after any normalisation "
+                          "and scaling)",
+        "gen_len": "decode tokens fed through the model; the last generated token and tokens after EOS are not",
+    }
+    n_group, topk_group = getattr(cfg, "n_group", None), getattr(cfg, "topk_group", None)
+    if isinstance(n_group, int) and n_group > 1 and E % n_group == 0 and isinstance(topk_group, int):
+        extra["expert_groups"] = n_group
+        extra["topk_groups"] = topk_group
     return TraceMeta(
         model=str(name),
         num_layers=len(routers),
@@ -127,16 +142,10 @@ def trace_meta(model: torch.nn.Module, sample_every: int = 1, model_name: str | 
         hidden_size=getattr(cfg, "hidden_size", None),
         moe_layer_map=[layer for layer, _, _ in routers],
         sampling_rate=1.0 / n,
-        has_weights=True,
+        has_weights=bool(record_weights),
         foe_groups=int(foe_groups),
         source=f"moeplace.trace.capture (transformers {transformers.__version__}, {type(model).__name__})",
-        extra={
-            "architecture": type(model).__name__,
-            "router_class": type(routers[0][2]).__name__,
-            "expert_weights": "top-k weights the router hands to the experts module (after any normalisation "
-                              "and scaling)",
-            "gen_len": "decode tokens fed through the model; the last generated token and tokens after EOS are not",
-        },
+        extra=extra,
     )
 
 
@@ -567,6 +576,8 @@ def record_generate(
     kill loses at most that many; None flushes only when the writer's shard is full.
     A prompt whose length plus ``max_new_tokens`` exceeds the model's ``max_position_embeddings`` is refused
     (ValueError naming the request) before anything runs: the model was never trained on such positions.
+    The top-k weights are recorded when ``writer.meta.has_weights`` (``trace_meta(..., record_weights=False)``
+    leaves them out: ids only, about a quarter of the bytes).
     Returns a summary: requests, prefill_tokens, decode_tokens, seconds.
     """
     R = len(prompts)
@@ -618,7 +629,8 @@ def record_generate(
     since_flush = 0
     t0 = time.perf_counter()
     try:
-        with RoutingRecorder(model, writer=writer, sample_every=sample_every, eos_token_id=eos) as rec:
+        with RoutingRecorder(model, writer=writer, sample_every=sample_every, eos_token_id=eos,
+                             record_weights=bool(writer.meta.has_weights)) as rec:
             for s in range(0, len(chosen), batch_size):
                 idx = chosen[s:s + batch_size]
                 toks = ids[s:s + batch_size]
