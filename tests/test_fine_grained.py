@@ -263,3 +263,17 @@ def test_tiny_fine_grained_trace_is_group_limited(tiny_fg, tmp_path):
     assert per_token.max() <= 4
     assert (per_token > 1).any()  # the check is not vacuous: tokens do spread over several groups
     assert all(len(set(row)) == 6 for row in ids.reshape(-1, 6))  # 6 distinct experts per token and layer
+
+
+def test_heldout_ce_by_subdomain_on_the_tiny_model(tiny_fg):
+    """Per-sub-domain held-out loss of the saved tiny model: one finite CE per sub-domain with a window of text
+    (chat pooled), and the pooled domains' keys are the domains themselves."""
+    from moeplace.models.train import heldout_ce_by_subdomain
+
+    out, metrics = tiny_fg
+    r = heldout_ce_by_subdomain(out, preset("tiny-fine-grained"))
+    keys = set(r["heldout_ce"])
+    assert {"code/python", "code/c", "general/fortunes", "chat"} <= keys
+    assert not any(k.startswith("chat/") for k in keys)
+    assert all(np.isfinite(v) and v > 0 for v in r["heldout_ce"].values())
+    assert all(1 <= n <= preset("tiny-fine-grained").eval_seqs for n in r["windows"].values())

@@ -110,6 +110,48 @@ def eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int) -
     return out
 
 
+def subdomain_eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int,
+                           pooled: tuple[str, ...] = ("chat",)) -> dict[str, torch.Tensor]:
+    """Per held-out sub-domain (key ``"<domain>/<subdomain>"``), the first ``eval_seqs`` non-overlapping windows
+    of its held-out documents' stream: int64 [n, S]; domains in ``pooled`` (chat: 21 small topics) give one key,
+    the domain. A sub-domain shorter than one window is left out."""
+    groups: dict[str, list[str]] = {}
+    for dom in DOMAINS:
+        for d in corpus.heldout[dom]:
+            key = dom if dom in pooled else f"{dom}/{d.subdomain}"
+            groups.setdefault(key, []).append(d.text)
+    out = {}
+    want = cfg.eval_seqs * cfg.seq_len
+    for key in sorted(groups):
+        texts, parts, have = groups[key], [], 0
+        for i in range(0, len(texts), 16):
+            parts.append(token_stream(tokenizer, texts[i:i + 16], eos_id))
+            have += len(parts[-1])
+            if have >= want:
+                break
+        stream = np.concatenate(parts)
+        n = min(cfg.eval_seqs, len(stream) // cfg.seq_len)
+        if n >= 1:
+            out[key] = torch.from_numpy(stream[: n * cfg.seq_len].reshape(n, cfg.seq_len))
+    return out
+
+
+def heldout_ce_by_subdomain(model_dir: str | Path, cfg: ReferenceConfig) -> dict:
+    """Held-out cross-entropy (nats/token) of a saved model per sub-domain, on the held-out documents of the corpus
+    ``cfg`` builds (the split is seed-free, so it is the split the model was trained on), with the saved tokenizer.
+    Returns ``{"heldout_ce": {key: ce}, "windows": {key: n}, "seq_len": S}``."""
+    from moeplace.models.reference import load_reference
+
+    torch.set_num_threads(cfg.threads)
+    corpus = build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs,
+                          variant=cfg.corpus)
+    model, tokenizer = load_reference(path=model_dir)
+    batches = subdomain_eval_batches(corpus, tokenizer, cfg, tokenizer.eos_token_id)
+    with torch.no_grad():
+        ce = evaluate(model, batches)
+    return {"heldout_ce": ce, "windows": {k: int(len(v)) for k, v in batches.items()}, "seq_len": cfg.seq_len}
+
+
 def subdomain_streams(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int, rng: np.random.Generator,
                       domains: list[str]) -> dict[str, dict[str, np.ndarray]]:
     """Per domain of ``domains`` and sub-domain, the training documents' tokens in a seeded order: int64 [N].
