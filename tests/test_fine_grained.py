@@ -224,6 +224,10 @@ def test_tiny_fine_grained_trains_saves_and_loads(tiny_fg):
         assert len(keys) == 2 and all(f.get_tensor(k).dtype == torch.float32 for k in keys)
     loaded = np.stack([r.e_score_correction_bias.numpy() for r in bias_routers(model)])
     np.testing.assert_allclose(loaded, bias, atol=1e-5)
+    # every file of the folder has the mode the user's umask gives (the weights are not left 0600)
+    from moeplace.io import file_mode
+
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: file_mode() for f in out.iterdir()}
 
 
 def test_tiny_fine_grained_prompts_carry_subdomains(tiny_fg):

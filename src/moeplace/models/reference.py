@@ -280,7 +280,7 @@ PRESETS["fine-grained"] = ReferenceConfig(
     v_head_dim=32, num_experts=64, top_k=6, expert_groups=8, topk_groups=4, num_shared_experts=2,
     moe_intermediate_size=24, routed_scaling_factor=1.0, router_aux_loss_coef=0.0, bias_update_speed=0.001,
     experts_implementation="grouped_mm", max_position_embeddings=512,
-    steps=1100, seq_len=256, batch_mix=(("code", 4), ("chat", 1), ("general", 4), ("math", 3)), warmup_steps=60,
+    steps=1000, seq_len=256, batch_mix=(("code", 4), ("chat", 1), ("general", 4), ("math", 3)), warmup_steps=60,
     eval_every=100, subdomain_alpha=(("code", 0.5), ("general", 0.5)),
     corpus="subdomains", math_problems=60000,
     heldout_fraction=(("code", 0.45), ("chat", 0.36), ("general", 0.25), ("math", 0.06)),

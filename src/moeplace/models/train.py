@@ -22,6 +22,7 @@ import json
 import math
 import platform
 import random
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -257,7 +258,7 @@ def plot_loss_curve(history: dict, path: Path, title: str) -> None:
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
     ax.legend(ncol=2, fontsize=8)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 95), fontsize=10)
     if history.get("max_over_mean") is not None:  # bias-balanced (DeepSeek-V3): the routed load itself
         ax2.plot(steps + 1, history["max_over_mean"], color="k", lw=0.8)
         ax2.axhline(1.0, color="gray", ls=":", lw=1)
@@ -289,6 +290,11 @@ def _save_model(model, cfg: ReferenceConfig, tokenizer, out: Path) -> None:
     model.save_pretrained(out)
     model.to(torch.float32)
     tokenizer.save_pretrained(out)
+    from moeplace.io import file_mode
+
+    for f in out.iterdir():  # transformers writes the weights through a 0600 temporary file: give the user's umask
+        if f.is_file():
+            f.chmod(file_mode())
 
 
 @torch.no_grad()
