@@ -2,19 +2,27 @@
 migration time), migration bytes and balancedness.
 
 Usage:
-  python bench/operate_policies.py [--streams reference-table,reference-drift,gpt-oss-dataset] [--json PATH]
+  python bench/operate_policies.py [--streams reference-table,reference-drift,fg-drift,fg-schedule,gpt-oss-dataset]
+                                   [--json PATH]
 
 Streams (each labelled in the result by what it is):
 - ``reference-table``: the bundled reference-model trace (1,000 requests, 4 domains) in request-table order, which
   is sorted by domain: a drift code -> chat -> general -> math.
 - ``reference-drift``: a seeded drift built from it (``moeplace.operate.streams.drift_stream``, seed 0): one phase
   per domain, 2,000 requests each, 70% of a phase from its domain and 10% from each other one.
+- ``fg-drift``: the same seeded drift built from the fine-grained reference model's trace (``reference-fg.trace``,
+  4,136 held-out requests, 64 experts in 8 groups, top-6).
+- ``fg-schedule``: the fine-grained trace re-ordered by a ``moeplace.workloads`` schedule over its sub-domains
+  (``FG_SCHEDULE``, seed 0): a C/C++-heavy hour, then a chat-heavy hour, then a math-heavy hour, on a daily cycle
+  that moves Python code against prose, with a burst of Cython; 6,000 arrivals at 2,000 an hour.
 - ``gpt-oss-dataset``: the shared gpt-oss-20b decode routing (``../shared/data/gpt-oss-20b``, imported with
   ``moeplace trace import --format gpt-oss-npz`` into out/cache/), ordered by dataset; skipped when absent.
 
 The reference model is small (hidden 128); its routing is priced with gpt-oss-20b's sizes (same E=32, top-4):
-hidden 2880, expert 3 x 2880 x 2880 bf16 parameters = 49.8 MB. Cluster: 4 nodes of h200-8 (32 GPUs), 32
-redundant slots, windows of 64 requests, decode batch 64, counters sampled 1-in-16.
+hidden 2880, expert 3 x 2880 x 2880 bf16 parameters = 49.8 MB. The fine-grained model's routing is priced with
+Instella-MoE-16B-A3B's (same E=64, top-6, 2 shared): hidden 2048, expert 3 x 2048 x 1408 bf16 = 17.3 MB.
+Cluster: 4 nodes of h200-8 (32 GPUs), 32 redundant slots, windows of 64 requests, decode batch 64, counters sampled
+1-in-16.
 """
 
 from __future__ import annotations
@@ -30,9 +38,33 @@ from moeplace.operate import SGLANG_REBALANCE_STEPS, OperateConfig, operate
 from moeplace.operate.service import open_stream
 from moeplace.presets import cluster_from_spec
 from moeplace.simulate import BatchConfig
+from moeplace.workloads import Burst, DailyCycle, MixSchedule, Phase
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
+FINE_GRAINED = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
+FG_RATE = 2000  # arrivals an hour
+
+
+def fg_schedule(keys: list[str]) -> MixSchedule:
+    """Phases, a daily cycle and a burst over the fine-grained trace's sub-domain labels ``keys`` (``code/c``,
+    ``chat/greetings``, ...): each phase gives 60% of the arrivals to its boosted labels (evenly) and 40% to the
+    others (evenly)."""
+
+    def mix(boost: list[str]) -> dict[str, float]:
+        rest = [k for k in keys if k not in boost]
+        return {**{k: 0.6 / len(boost) for k in boost}, **{k: 0.4 / len(rest) for k in rest}}
+
+    def of(domain: str) -> list[str]:
+        return [k for k in keys if k.startswith(domain + "/")]
+
+    return MixSchedule(
+        phases=(Phase(FG_RATE, mix(["code/c", "code/cpp"])), Phase(FG_RATE, mix(of("chat"))),
+                Phase(FG_RATE, mix(of("math")))),
+        cycle=DailyCycle.from_hours(24, FG_RATE, {"code/python": 0.8, "general/fortunes": 0.8},
+                                    {"general/fortunes": 0.5}),
+        bursts=(Burst(FG_RATE // 2, FG_RATE // 8, "code/cython", 0.5),))
+
 SHARED = REPO.parent / "shared" / "data" / "gpt-oss-20b"
 POLICIES = ("static", "static-eplb", "periodic", "periodic-preserve", "threshold", "moeplace")
 WINDOW = 64
@@ -59,6 +91,15 @@ def streams(names: list[str]) -> dict[str, tuple[Path, str, dict]]:
             out[n] = (REFERENCE, "table", {})
         elif n == "reference-drift":
             out[n] = (REFERENCE, "drift", {"seed": 0, "drift_requests": 2000})
+        elif n == "fg-drift":
+            out[n] = (FINE_GRAINED, "drift", {"seed": 0, "drift_requests": 2000})
+        elif n == "fg-schedule":
+            from moeplace.trace import read_trace
+            from moeplace.workloads import keys_of
+
+            keys = sorted(set(keys_of(read_trace(FINE_GRAINED).requests, "subdomain").tolist()))
+            out[n] = (FINE_GRAINED, "schedule", {"seed": 0, "schedule": fg_schedule(keys),
+                                                 "stream_requests": 3 * FG_RATE, "stream_key": "subdomain"})
         elif n == "gpt-oss-dataset":
             t = gpt_oss_trace()
             if t is None:
@@ -86,7 +127,7 @@ def verdict(rows: dict[str, dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streams", default="reference-table,reference-drift,gpt-oss-dataset")
+    ap.add_argument("--streams", default="reference-table,reference-drift,fg-drift,fg-schedule,gpt-oss-dataset")
     ap.add_argument("--json", help="write here instead of bench/results/operate_policies.json")
     args = ap.parse_args()
     run = BenchRun("operate_policies", baseline=f"periodic EPLB every {SGLANG_REBALANCE_STEPS} steps (SGLang's "
@@ -94,7 +135,7 @@ def main() -> None:
     cluster = cluster_from_spec("4", "h200-8")
     results: dict = {}
     for name, (trace, order, kw) in streams(args.streams.split(",")).items():
-        preset = "gpt-oss-20b"
+        preset = "instella-moe-16b-a3b" if trace == FINE_GRAINED else "gpt-oss-20b"
         cfg = OperateConfig(cluster, num_redundant=32, window_requests=WINDOW, sample_every=16,
                             model_preset=preset, batching=BatchConfig(decode_batch=WINDOW))
         rows, label, steps = {}, "", 0
@@ -117,7 +158,8 @@ def main() -> None:
         print(f"{name}: {results[name]['verdict']}", flush=True)
     run.write({"params": {"cluster": "4 x h200-8 (32 GPUs)", "num_redundant": 32, "window_requests": WINDOW,
                           "decode_batch": WINDOW, "sample_every": 16, "capacity_factor": 1.25,
-                          "model_preset": "gpt-oss-20b (sizes for the time model and expert bytes)",
+                          "model_preset": "gpt-oss-20b (sizes for the time model and expert bytes); "
+                                          "instella-moe-16b-a3b for the fine-grained streams",
                           "weight_bytes": 2.0, "periodic_steps": SGLANG_REBALANCE_STEPS, "threshold": 0.5,
                           "moeplace": {"horizon_steps": SGLANG_REBALANCE_STEPS, "margin": 2.0,
                                        "chunk_layers": "L // 4"}},

@@ -2,11 +2,14 @@
 activation-clusters, in the setting issue 12 names (mixed arrival order, prefill and decode apart, H200 preset).
 
 Usage:
-  python bench/plan_time.py [--clusters 4x2,8x1,2x4,4x8] [--redundant 8] [--no-gpt-oss] [--json PATH]
+  python bench/plan_time.py [--clusters 4x2,8x1,2x4,4x8] [--redundant 8] [--no-gpt-oss] [--no-fg] [--json PATH]
 
 Workloads: the bundled reference trace (prefill + decode; scored with DeepSeek-V3-sized token vectors, hidden 7168,
-because its own 128-element vectors make every kernel latency-bound) and the shared gpt-oss-20b decode routing
-(its own hidden size 2880) when ../shared/data has it. Each: plan on 75% of the requests (random split, seed 0),
+because its own 128-element vectors make every kernel latency-bound), the fine-grained reference model's trace
+(``reference-fg.trace``: 64 experts in 8 groups, top-6, 2 shared, prefill + 32 decode tokens of 4,136 held-out
+requests; scored with the token vectors of Instella-MoE-16B-A3B, the released model with its expert counts,
+hidden 2048) and the shared gpt-oss-20b decode routing (its own hidden size 2880) when ../shared/data has it.
+Each: plan on 75% of the requests (random split, seed 0),
 score on the other 25% in a seeded mixed arrival order with ``moeplace.evaluate.compare``. Clusters are nodes of
 the ``h200-8`` preset's links with the given GPUs per node. Kernel modes: ``auto`` (DeepEP normal for prefill,
 low-latency for decode) and ``deepep-normal`` for both phases (the communication-bound setting of the issue's
@@ -24,6 +27,8 @@ from common import BenchRun
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
+FINE_GRAINED = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
+FG_HIDDEN = 2048  # Instella-MoE-16B-A3B (64 routed experts, top-6, 2 shared): moeplace.presets
 STRATEGIES = ["eplb", "activation-clusters", "joint"]
 
 
@@ -32,6 +37,7 @@ def main() -> int:
     ap.add_argument("--clusters", default="4x2,8x1,2x4,4x8")
     ap.add_argument("--redundant", type=int, default=8, help="per layer; rounded up per cluster to fit the GPUs")
     ap.add_argument("--no-gpt-oss", action="store_true")
+    ap.add_argument("--no-fg", action="store_true", help="leave out the fine-grained reference model's trace")
     ap.add_argument("--json")
     args = ap.parse_args()
     run = BenchRun("plan_time", baseline="eplb (its placement, round-robin homes), scored in the same run")
@@ -44,6 +50,8 @@ def main() -> int:
 
     sys.path.insert(0, str(Path(__file__).parent))
     workloads = [("reference", read_trace(BUNDLED), 7168)]
+    if not args.no_fg:
+        workloads.append(("reference-fg", read_trace(FINE_GRAINED), FG_HIDDEN))
     if not args.no_gpt_oss and (REPO.parent / "shared" / "data" / "gpt-oss-20b").exists():
         from plan_compare import ensure_trace
 
