@@ -289,6 +289,8 @@ def reading_values(s: dict) -> dict:
     return {
         "mom": ld["mean_max_over_mean"], "mom_lo": min(per), "mom_hi": max(per),
         "mom_pre": ld["mean_max_over_mean_prefill"], "mom_dec": ld["mean_max_over_mean_decode"],
+        "mom_dom_lo": min(ld["mean_max_over_mean_by_domain"].values()),
+        "mom_dom_hi": max(ld["mean_max_over_mean_by_domain"].values()),
         "acc": d["softmax_regression_accuracy"], "jsd": d["jsd_bits_mean"],
         "floor": max(d["jsd_noise_floor_half_vs_half"].values()),
         "sub_acc": sub.get("softmax_regression_accuracy", float("nan")), "sub_n": len(sub.get("labels", {})),
@@ -316,8 +318,9 @@ READING = """Reading them:
 - **Load is nearly balanced, as auxiliary-loss-free balancing intends.** Max/mean over layers {mom:.2f} (per layer
   {mom_lo:.2f}-{mom_hi:.2f}) on these held-out requests, against 4.10 for the first reference model with its
   pooled auxiliary loss (its card). Each phase alone is less balanced (prefill {mom_pre:.2f}, decode
-  {mom_dec:.2f}): the bias balances the training mix, not every slice of traffic, so micro-batches of one kind
-  still have hot experts.
+  {mom_dec:.2f}), and each domain alone much less ({mom_dom_lo:.2f}-{mom_dom_hi:.2f}): the bias balances the
+  training mix, not every slice of traffic, so a micro-batch dominated by one domain still has hot experts, and
+  a drift in the mix moves which experts are hot.
 - **Routing is domain- and sub-domain-specific.** A linear classifier recovers the domain of {acc:.1%} of unseen
   requests from their expert counts (JSD between domains {jsd:.3f} bits on average, noise floor at most
   {floor:.3f}), and the sub-domain of {sub_acc:.1%} over the {sub_n} sub-domains with at least 10 requests

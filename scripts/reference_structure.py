@@ -209,6 +209,13 @@ def structure(path: str, seed: int = 0) -> dict:
     rids = req.request_id
     dom = np.asarray(req.domain).astype(str)
     domains = sorted(set(dom.tolist()))
+    tok_dom = dict(zip(rids.tolist(), dom.tolist(), strict=True))
+    t_dom = np.array([tok_dom.get(int(r), "") for r in tok.request_id])
+    out["load"]["mean_max_over_mean_by_domain"] = {}
+    for d in domains:
+        sel = ids[t_dom == d]
+        ld = np.stack([np.bincount(sel[:, layer].ravel(), minlength=E) for layer in range(L)])
+        out["load"]["mean_max_over_mean_by_domain"][d] = float(np.mean(load_stats(ld)["max_over_mean"]))
     cnt = request_counts(tok.request_id, ids, E, rids)  # [R, L, E]
     pre = request_counts(tok.request_id[tok.phase == PREFILL], ids[tok.phase == PREFILL], E, rids)
     dec = request_counts(tok.request_id[tok.phase == DECODE], ids[tok.phase == DECODE], E, rids)
@@ -303,6 +310,8 @@ def markdown(s: dict) -> str:
         f"{ld.get('mean_max_over_mean_decode', float('nan')):.2f} |",
         "| expert load max/mean per layer | " + ", ".join(f"{v:.2f}" for v in ld["per_layer"]["max_over_mean"])
         + " |",
+        "| expert load max/mean, mean over layers, one domain's tokens alone | " + ", ".join(
+            f"{k} {v:.2f}" for k, v in ld.get("mean_max_over_mean_by_domain", {}).items()) + " |",
         f"| expert load CV, mean over layers | {ld['mean_cv']:.2f} |",
         f"| share of the top 10% experts, mean over layers | {ld['mean_top10pct_share']:.3f} |",
         f"| domain accuracy, softmax regression (held-out half) | {d['softmax_regression_accuracy']:.3f} |",
