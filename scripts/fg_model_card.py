@@ -341,8 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", help="the model folder (src/moeplace/data/reference-fg)")
     args = ap.parse_args(argv)
     folder = Path(args.folder)
-    text = card(folder)
-    atomic_write_text(text, folder / "MODEL_CARD.md")
+    try:
+        text = card(folder)
+        atomic_write_text(text, folder / "MODEL_CARD.md")
+    except (OSError, ValueError, KeyError) as e:  # a missing file names itself; a missing key is named here
+        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        print(f"fg_model_card: error: {folder}: {what}", file=sys.stderr)
+        return 2
     print(f"wrote {folder / 'MODEL_CARD.md'} ({len(text):,} characters)")
     return 0
 

@@ -23,10 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="fine-grained", help="the config the model was trained with")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
-    r = heldout_ce_by_subdomain(args.model, preset(args.config))
-    r = {"model": args.model, "config": args.config, **r}
-    if args.json:
-        atomic_write_json(r, args.json)
+    try:
+        r = {"model": args.model, "config": args.config, **heldout_ce_by_subdomain(args.model, preset(args.config))}
+        if args.json:
+            atomic_write_json(r, args.json)
+    except (OSError, ValueError) as e:  # load_reference and preset name the folder / config
+        print(f"heldout_ce_subdomains: error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(r, indent=1))
     return 0
 

@@ -32,6 +32,7 @@ import sys
 
 import numpy as np
 
+from moeplace.io import atomic_write_json
 from moeplace.trace.store import DECODE, PREFILL, read_trace
 
 
@@ -209,8 +210,8 @@ def structure(path: str, seed: int = 0) -> dict:
     rids = req.request_id
     dom = np.asarray(req.domain).astype(str)
     domains = sorted(set(dom.tolist()))
-    tok_dom = dict(zip(rids.tolist(), dom.tolist(), strict=True))
-    t_dom = np.array([tok_dom.get(int(r), "") for r in tok.request_id])
+    srt = np.argsort(rids)
+    t_dom = dom[srt][np.searchsorted(rids[srt], tok.request_id)]  # [T]: each token's request's domain
     out["load"]["mean_max_over_mean_by_domain"] = {}
     for d in domains:
         sel = ids[t_dom == d]
@@ -365,10 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a markdown table (default: JSON to stdout)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the request split and the baselines")
     args = ap.parse_args(argv)
-    s = structure(args.trace, args.seed)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(s, f, indent=1)
+    try:
+        s = structure(args.trace, args.seed)
+        if args.json:
+            atomic_write_json(s, args.json)
+    except (OSError, ValueError) as e:  # TraceError is a ValueError and names the file
+        print(f"reference_structure: error: {e}", file=sys.stderr)
+        return 2
     print(markdown(s) if args.markdown else json.dumps(s, indent=1))
     return 0
 

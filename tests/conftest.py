@@ -13,6 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts are not a package), imported from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def shared_data(*parts: str) -> Path:
     """Path under ../shared/data; skips the calling test cleanly when it is absent."""
     p = SHARED_DATA.joinpath(*parts)

@@ -229,15 +229,11 @@ def test_cli_registered():
 def test_structure_script_on_a_trace_with_known_answers(tmp_path):
     """Each domain routes to its own two experts: the script must find perfect domain accuracy, the largest JSD
     (1 bit) and perfect prefill-decode agreement, and balanced load across the layer."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
     from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
 
-    spec = importlib.util.spec_from_file_location(
-        "reference_structure", Path(__file__).resolve().parent.parent / "scripts" / "reference_structure.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("reference_structure")
 
     rng = np.random.default_rng(0)
     doms, n_req, n_pre, n_dec = C.DOMAINS, 12, 6, 4

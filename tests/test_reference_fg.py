@@ -7,12 +7,12 @@ token's decode predecessor is the same request's token at position - 1.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from moeplace.trace.store import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta, read_trace, write_trace
 
@@ -22,10 +22,7 @@ FG_TRACE = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
 
 
 def structure_module():
-    spec = importlib.util.spec_from_file_location("reference_structure", REPO / "scripts" / "reference_structure.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("reference_structure")
 
 
 @pytest.fixture(scope="module")

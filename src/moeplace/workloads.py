@@ -41,6 +41,7 @@ from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
 KEYS = ("domain", "dataset", "subdomain")
 SCHEDULE_FORMAT = "moeplace-mix-schedule"
 SCHEDULE_VERSION = 1
+DRAWN_FROM = " (drawn from request "  # what a stream appends to each arrival's source, then "<id>)"
 
 
 # --------------------------------------------------------------------------------------------------- validation
@@ -363,7 +364,7 @@ def dataset_of(source: np.ndarray) -> np.ndarray:
 def subdomain_of(source: np.ndarray) -> np.ndarray:
     """object [R]: each request's ``source`` without a stream's ``" (drawn from request i)"`` suffix: the
     ``<domain>/<subdomain>`` label of a recorded prompt (``code/c``), or gpt-oss-20b's ``dataset/category``."""
-    return np.array([str(s).split(" (drawn from", 1)[0] for s in source], dtype=object)
+    return np.array([str(s).split(DRAWN_FROM, 1)[0] for s in source], dtype=object)
 
 
 def keys_of(requests: Requests, key: str = "domain") -> np.ndarray:
@@ -463,7 +464,7 @@ def take_requests(trace: Trace, pick: np.ndarray, meta: TraceMeta | None = None)
     tk = trace.tokens.select(take)
     tokens = TokenChunk(np.repeat(np.arange(len(pick), dtype=np.int64), lens), tk.position, tk.phase, tk.expert_ids,
                         tk.expert_weights)
-    src = np.array([f"{s} (drawn from request {int(r)})" for s, r in zip(req.source[pick].tolist(),
+    src = np.array([f"{s}{DRAWN_FROM}{int(r)})" for s, r in zip(req.source[pick].tolist(),
                                                                         req.request_id[pick].tolist(), strict=True)],
                    dtype=object)
     r = Requests(np.arange(len(pick), dtype=np.int64), req.domain[pick], src, req.prompt_len[pick],

@@ -91,50 +91,47 @@ def token_stream(tokenizer, texts: list[str], eos_id: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+def first_windows(texts: list[str], tokenizer, cfg: ReferenceConfig, eos_id: int) -> torch.Tensor:
+    """The first ``eval_seqs`` non-overlapping windows of ``seq_len`` tokens of the texts' stream (documents joined
+    by EOS; only as many encoded as the windows need): int64 [n, S], n = 0 when the text is shorter than one."""
+    parts, have, want = [], 0, cfg.eval_seqs * cfg.seq_len
+    for i in range(0, len(texts), 16):
+        parts.append(token_stream(tokenizer, texts[i:i + 16], eos_id))
+        have += len(parts[-1])
+        if have >= want:
+            break
+    stream = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    n = min(cfg.eval_seqs, len(stream) // cfg.seq_len)
+    return torch.from_numpy(stream[: n * cfg.seq_len].reshape(n, cfg.seq_len))
+
+
 def eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int) -> dict[str, torch.Tensor]:
     """Per domain, the first ``eval_seqs`` non-overlapping windows of the held-out stream: int64 [n, S]."""
     out = {}
-    want = cfg.eval_seqs * cfg.seq_len
     for dom in DOMAINS:
-        docs, parts, have = corpus.heldout[dom], [], 0
-        for i in range(0, len(docs), 16):  # encode only as many documents as the windows need
-            parts.append(token_stream(tokenizer, [d.text for d in docs[i:i + 16]], eos_id))
-            have += len(parts[-1])
-            if have >= want:
-                break
-        stream = np.concatenate(parts)
-        n = min(cfg.eval_seqs, len(stream) // cfg.seq_len)
-        if n < 1:
-            raise ValueError(f"domain {dom!r}: held-out text has {len(stream)} tokens, fewer than seq_len="
-                             f"{cfg.seq_len}")
-        out[dom] = torch.from_numpy(stream[: n * cfg.seq_len].reshape(n, cfg.seq_len))
+        out[dom] = first_windows([d.text for d in corpus.heldout[dom]], tokenizer, cfg, eos_id)
+        if not len(out[dom]):
+            raise ValueError(f"domain {dom!r}: held-out text has fewer tokens than seq_len={cfg.seq_len}")
     return out
 
 
 def subdomain_eval_batches(corpus: Corpus, tokenizer, cfg: ReferenceConfig, eos_id: int,
                            pooled: tuple[str, ...] = ("chat",)) -> dict[str, torch.Tensor]:
-    """Per held-out sub-domain (key ``"<domain>/<subdomain>"``), the first ``eval_seqs`` non-overlapping windows
-    of its held-out documents' stream: int64 [n, S]; domains in ``pooled`` (chat: 21 small topics) give one key,
-    the domain. A sub-domain shorter than one window is left out."""
+    """Per held-out sub-domain (key ``"<domain>/<subdomain>"``), :func:`first_windows` of its held-out documents:
+    int64 [n, S]; domains in ``pooled`` (chat: 21 small topics) give one key, the domain. A sub-domain shorter than
+    one window is left out."""
     groups: dict[str, list[str]] = {}
     for dom in DOMAINS:
         for d in corpus.heldout[dom]:
-            key = dom if dom in pooled else f"{dom}/{d.subdomain}"
-            groups.setdefault(key, []).append(d.text)
-    out = {}
-    want = cfg.eval_seqs * cfg.seq_len
-    for key in sorted(groups):
-        texts, parts, have = groups[key], [], 0
-        for i in range(0, len(texts), 16):
-            parts.append(token_stream(tokenizer, texts[i:i + 16], eos_id))
-            have += len(parts[-1])
-            if have >= want:
-                break
-        stream = np.concatenate(parts)
-        n = min(cfg.eval_seqs, len(stream) // cfg.seq_len)
-        if n >= 1:
-            out[key] = torch.from_numpy(stream[: n * cfg.seq_len].reshape(n, cfg.seq_len))
-    return out
+            groups.setdefault(dom if dom in pooled else f"{dom}/{d.subdomain}", []).append(d.text)
+    out = {key: first_windows(groups[key], tokenizer, cfg, eos_id) for key in sorted(groups)}
+    return {k: v for k, v in out.items() if len(v)}
+
+
+def corpus_of(cfg: ReferenceConfig) -> Corpus:
+    """The corpus ``cfg`` trains on (variant, math problems, data seed; the split is seed-free)."""
+    return build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs,
+                        variant=cfg.corpus)
 
 
 def heldout_ce_by_subdomain(model_dir: str | Path, cfg: ReferenceConfig) -> dict:
@@ -144,9 +141,8 @@ def heldout_ce_by_subdomain(model_dir: str | Path, cfg: ReferenceConfig) -> dict
     from moeplace.models.reference import load_reference
 
     torch.set_num_threads(cfg.threads)
-    corpus = build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs,
-                          variant=cfg.corpus)
-    model, tokenizer = load_reference(path=model_dir)
+    model, tokenizer = load_reference(path=model_dir)  # first: a wrong folder fails before the corpus is built
+    corpus = corpus_of(cfg)
     batches = subdomain_eval_batches(corpus, tokenizer, cfg, tokenizer.eos_token_id)
     with torch.no_grad():
         ce = evaluate(model, batches)
@@ -328,8 +324,7 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     torch.manual_seed(seed)
 
     log("building the corpus ...")
-    corpus = build_corpus(dict(cfg.heldout_fraction), cfg.math_problems, cfg.data_seed, cfg.max_train_docs,
-                          variant=cfg.corpus)
+    corpus = corpus_of(cfg)
     log("training the tokenizer ...")
     tokenizer = train_tokenizer(corpus, cfg)
     eos = tokenizer.eos_token_id
