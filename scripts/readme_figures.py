@@ -1,4 +1,5 @@
-"""Fill or check the benchmark figures in README.md, bench/README.md and docs/*.md from bench/results/*.json.
+"""Fill or check the benchmark figures in README.md, bench/README.md and docs/*.md from bench/results/*.json (and
+from the result files the package ships under src/moeplace/data/).
 
 A figure is a marked span in the Markdown; the comment names the result file, a path into its JSON and a Python
 format spec, optionally a scale factor; the text between the markers is generated:
@@ -6,8 +7,10 @@ format spec, optionally a scale factor; the text between the markers is generate
     <!-- fig simulate_speed:results/gpt-oss-20b/rules/nearest-static/speedup_vs_spec:,.0f -->413<!-- /fig -->x
     <!-- fig analyse_speed:results/gpt-oss-20b/moeplace_per_s:.1f:1e-6 -->39.2<!-- /fig --> M decisions/s
 
-``simulate_speed`` is bench/results/simulate_speed.json; the path is '/'-separated keys (list indices as
-numbers; keys may hold spaces, not ':' or '/'); the value is multiplied by the scale, if given, and formatted
+``simulate_speed`` is bench/results/simulate_speed.json; a name under ``data/`` is a file the package ships and code
+wrote (``data/reference-fg/structure`` = src/moeplace/data/reference-fg/structure.json: the fine-grained model's
+measured structure; ``data/reference-fg/train_metrics``: its training run); the path is '/'-separated keys (list
+indices as numbers; keys may hold spaces, not ':' or '/'); the value is multiplied by the scale, if given, and formatted
 with ``format(value, spec)``.
 
     python scripts/readme_figures.py            # rewrite every marked figure from the results
@@ -25,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+PACKAGE = REPO / "src" / "moeplace"  # figures named data/... read the package's shipped result files
 FIG = re.compile(r"<!-- fig (?P<spec>[^\n]+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
 
 
@@ -55,7 +59,7 @@ def render(spec: str, results: Path = RESULTS) -> str:
     if len(parts) not in (3, 4):
         raise ValueError(f"figure spec {spec!r}: expected NAME:PATH:FORMAT[:SCALE]")
     name, path, fmt = parts[:3]
-    src = results / f"{name}.json"
+    src = (PACKAGE if name.startswith("data/") else results) / f"{name}.json"
     if not src.exists():
         raise ValueError(f"figure spec {spec!r}: result file {src} does not exist")
     node = json.loads(src.read_text(encoding="utf-8"))
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(p)
         n = sum(len(figures(d)) for d in docs)
-        print(f"{n - len(problems)} of {n} figures match bench/results/" if n else "no figures marked")
+        print(f"{n - len(problems)} of {n} figures match their result files" if n else "no figures marked")
         return 1 if problems else 0
     try:
         changed = fill(docs)
