@@ -13,7 +13,7 @@ import pytest
 from conftest import make_tokens
 
 from moeplace.analyse import analyse_trace
-from moeplace.report import render_report, write_report
+from moeplace.analyse.report import render_report, write_report
 from moeplace.trace import TraceMeta, TraceWriter
 
 FIGURES = ["expert load heatmap", "imbalance per layer", "domain load profiles", "prefill vs decode scatter",

@@ -62,7 +62,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     from moeplace.plan.base import workload_from_trace
     from moeplace.plan.export import export_plan
     from moeplace.presets import cluster_from_spec, get_cluster_preset
-    from moeplace.report import write_report
+    from moeplace.analyse.report import write_report
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.store import trace_info

@@ -1,4 +1,4 @@
-"""Stage 2, analyse: expert activation patterns of a trace, as numbers (JSON) and as a report (moeplace.report).
+"""Stage 2, analyse: expert activation patterns of a trace, as numbers (JSON) and as a report (moeplace.analyse.report).
 
 Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, R = requests, D = domains.
 

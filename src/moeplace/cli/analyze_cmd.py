@@ -36,7 +36,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         atomic_write_json(res, Path(args.json), allow_nan=False)
     if args.html:
-        from moeplace.report import write_report
+        from moeplace.analyse.report import write_report
 
         write_report(res, args.html)
     print(format_summary(res))
