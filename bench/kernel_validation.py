@@ -1,9 +1,9 @@
 """The kernel time model against DeepEP's published H800 measurements (bench/results/deepep_published.json).
 
-For every published row, ``moeplace.simulate.cost.predict_kernel`` prices the same setting (DeepSeek-V3 shape,
+For every published row, ``moeplace.simulate.kernel_bench.predict_kernel`` prices the same setting (DeepSeek-V3 shape,
 h800-8 preset, the benchmark's routing and token count) and the error is predicted / published - 1 on time. DeepEP
 publishes the normal kernels as bandwidth only; their time is the benchmark's byte count (counted the same way,
-on the same routing: ``cost.benchmark_bytes``) over the published bandwidth. Three constants of the model were
+on the same routing: ``kernel_bench.benchmark_bytes``) over the published bandwidth. Three constants of the model were
 fitted on one row each (``fitted``); every other row is a check.
 
     python bench/kernel_validation.py          # writes bench/results/kernel_validation.json (about 30 s)
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, BenchRun  # noqa: E402
 
-from moeplace.simulate import cost  # noqa: E402
+from moeplace.simulate import kernel_bench, kernels  # noqa: E402
 
 FITTED = {  # (kernel, ep, part) -> the constant fitted on that row
     ("deepep-normal", 8, "dispatch"): "DEEPEP_NVLINK_EFF",
@@ -34,8 +34,8 @@ def compare(published: dict, seed: int) -> list[dict]:
     for kernel, key in (("deepep-normal", "normal"), ("deepep-ll", "low_latency")):
         pub = published[key]
         eps = [r["ep"] for r in pub["rows"]]
-        pred = {r["ep"]: r for r in cost.predict_kernel("deepseek-v3", "h800-8", eps, kernel,
-                                                        pub["tokens_per_rank"], seed=seed)}
+        pred = {r["ep"]: r for r in kernel_bench.predict_kernel("deepseek-v3", "h800-8", eps, kernel,
+                                                                pub["tokens_per_rank"], seed=seed)}
         for r in pub["rows"]:
             p = pred[r["ep"]]
             row = {"kernel": kernel, "ep": r["ep"]}
@@ -67,9 +67,9 @@ def main() -> None:
               f"{r['combine']['predicted_us']:8.1f} us vs {r['combine']['published_us']:8.1f} "
               f"({r['combine']['error']:+.0%})")
     run.write({"params": {"model": "deepseek-v3", "cluster_preset": "h800-8", "seed": args.seed,
-                          "constants": {"DEEPEP_NVLINK_EFF": cost.DEEPEP_NVLINK_EFF,
-                                        "DEEPEP_RDMA_EFF": cost.DEEPEP_RDMA_EFF,
-                                        "DEEPEP_LL_ALPHA_us": cost.DEEPEP_LL_ALPHA * 1e6}},
+                          "constants": {"DEEPEP_NVLINK_EFF": kernels.DEEPEP_NVLINK_EFF,
+                                        "DEEPEP_RDMA_EFF": kernels.DEEPEP_RDMA_EFF,
+                                        "DEEPEP_LL_ALPHA_us": kernels.DEEPEP_LL_ALPHA * 1e6}},
                "source": published["source"],
                "excluded": "nothing is timed: predictions of the model, compared with published measurements",
                "results": {"rows": rows, "max_abs_error": max(errs), "max_abs_error_checked": max(checked),

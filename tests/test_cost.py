@@ -18,15 +18,15 @@ import pytest
 
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import BatchConfig, CostConfig, simulate
-from moeplace.simulate.cost import (
+from moeplace.simulate.cost import time_terms
+from moeplace.simulate.kernels import (
     DEEPEP_LL_ALPHA,
     DEEPEP_NVLINK_EFF,
     DEEPEP_RDMA_EFF,
-    dispatch_vector_bytes,
     expert_seconds,
     overlapped_seconds,
-    time_terms,
 )
+from moeplace.simulate.links import dispatch_vector_bytes
 from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
 
 

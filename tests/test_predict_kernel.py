@@ -1,5 +1,5 @@
-"""``moeplace predict-kernel`` and ``cost.predict_kernel``: benchmark routing, DeepEP's byte counts, the JSON rows,
-and the low-latency rows that are cheap to price against DeepEP's published numbers."""
+"""``moeplace predict-kernel`` and ``kernel_bench.predict_kernel``: benchmark routing, DeepEP's byte counts, the JSON
+rows, and the low-latency rows that are cheap to price against DeepEP's published numbers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moeplace.simulate.cost import benchmark_routing, predict_kernel
+from moeplace.simulate.kernel_bench import benchmark_routing, predict_kernel
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "bench" / "results" / "deepep_published.json"
 

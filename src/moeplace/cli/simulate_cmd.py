@@ -9,7 +9,7 @@ import sys
 from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, float_in, input_file, int_in, output_file
 from moeplace.placement import Cluster, Plan
 from moeplace.simulate import RULES, BatchConfig, CostConfig, simulate
-from moeplace.simulate.cost import MODES
+from moeplace.simulate.kernels import MODES
 
 
 def _cluster(args: argparse.Namespace) -> Cluster | None:

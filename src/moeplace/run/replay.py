@@ -10,7 +10,7 @@ micro-batch and layer, its own tokens through :class:`~moeplace.run.layer.MoELay
 
 Emulated compute (``ReplayConfig.emulate_compute``): each rank waits, in place of its expert math, the time the
 simulator's kernel time model gives its own pairs in that micro-batch and layer (:func:`compute_seconds`: the
-roofline of :func:`moeplace.simulate.cost.expert_seconds` per rank), so W ranks on fewer cores do not compete for
+roofline of :func:`moeplace.simulate.kernels.expert_seconds` per rank), so W ranks on fewer cores do not compete for
 them while the all-to-all stays real. Outputs, when asked for, then come from an untimed pass with real compute.
 """
 
@@ -40,7 +40,8 @@ from moeplace.simulate import (
     simulate,
 )
 from moeplace.simulate import assign_slots as sim_assign_slots
-from moeplace.simulate.cost import expert_seconds, pair_flops_of, time_terms
+from moeplace.simulate.cost import pair_flops_of, time_terms
+from moeplace.simulate.kernels import expert_seconds
 from moeplace.trace.store import PHASES, Trace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

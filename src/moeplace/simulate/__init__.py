@@ -3,8 +3,11 @@
 - :mod:`~moeplace.simulate.routing`: replica choice (nearest and balanced rules), the serve table, per-token sends
   under per-GPU and per-node dedup, the link-class split, balancedness. Planners and the runtime call it too.
 - :mod:`~moeplace.simulate.batching`: how requests become micro-batches (arrival order stated).
+- :mod:`~moeplace.simulate.links`: what a byte costs on each link class.
+- :mod:`~moeplace.simulate.kernels`: one time model per dispatch/combine kernel and expert compute (one registry).
 - :mod:`~moeplace.simulate.cost`: time of a micro-batch (dispatch/combine on the busiest link, padding, compute).
-- :mod:`~moeplace.simulate.kernels`: the compiled loops behind routing.
+- :mod:`~moeplace.simulate.kernel_bench`: DeepEP's kernel benchmarks priced by the simulator (predict-kernel).
+- :mod:`~moeplace.simulate.loops`: the compiled loops behind routing.
 - :mod:`~moeplace.simulate.result`: :class:`SimResult`, :class:`PhaseResult` and their JSON.
 - :func:`simulate`: stream a trace through all of it.
 """

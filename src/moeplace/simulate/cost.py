@@ -13,15 +13,17 @@ GPU x pair_seconds.
 **Kernel time model** (keys ``{kernel}.dispatch_time``, ``{kernel}.combine_time``, ``expert_time``,
 ``dispatch_time``, ``combine_time``, ``layer_time``), for the kernel that moves the data:
 
-- sends per kernel (:data:`KERNELS`): ``nccl`` one copy per destination GPU (per-GPU dedup); ``deepep-normal``
-  one copy per remote node, forwarded over NVLink (two-hop); ``deepep-ll`` one copy per (token, expert) pair, no
-  dedup (intra-node pairs over NVLink, inter-node pairs over RDMA, as DeepEP does since its PR #173);
+- sends per kernel (:data:`moeplace.simulate.kernels.KERNELS`): ``nccl`` one copy per destination GPU (per-GPU
+  dedup); ``deepep-normal`` one copy per remote node, forwarded over NVLink (two-hop); ``deepep-ll`` one copy per
+  (token, expert) pair, no dedup (intra-node pairs over NVLink, inter-node pairs over RDMA, as DeepEP does
+  since its PR #173);
 - bytes per send: dispatch ``hidden * dispatch_bytes + 4 * ceil(hidden / scale_block)`` (fp32 scales of a
   quantized dispatch; none when dispatch_bytes >= 2 or scale_block == 0) ``+ header_bytes`` of the kernel; combine
   ``hidden * combine_bytes``;
 - one kernel (dispatch or combine): ``t = alpha_k + max_c(alpha_c + busiest_c * bytes / (eff_c * B_c))`` over the
   classes that carry sends (``alpha_k``: the kernel's fixed cost, paid when the micro-batch has pairs; ``eff_c``:
-  the kernel's achieved fraction of the link rate, see :data:`KERNELS` for where each constant comes from);
+  the kernel's achieved fraction of the link rate; each kernel's module in :mod:`moeplace.simulate.kernels` says
+  where its constants come from);
 - expert compute, a roofline per GPU: ``max(active_g * expert_bytes / hbm_bw, pairs_g * pair_seconds) +
   compute_overhead``; its max over GPUs is ``max(max_g active_g * expert_bytes / hbm_bw, compute_time) +
   overhead`` (0 for a micro-batch without pairs). ``expert_bytes = 3 * hidden * intermediate * weight_bytes``;
@@ -37,50 +39,17 @@ Mode ``auto`` uses ``deepep-normal`` for prefill micro-batches and ``deepep-ll``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from moeplace.placement import Cluster
+from moeplace.simulate.kernels import AUTO_MODE, KERNELS, MODES, expert_seconds, kernel_seconds, overlapped_seconds
+from moeplace.simulate.links import comm_seconds, dispatch_vector_bytes
 from moeplace.simulate.routing import COUNT_NAMES, DEDUP_MODES
 
-KERNEL_MODES = ("nccl", "deepep-normal", "deepep-ll")
-MODES = (*KERNEL_MODES, "auto")
-AUTO_MODE = {"prefill": "deepep-normal", "decode": "deepep-ll"}  # mode "auto" per phase
 # last axis of the kernel's per-pair counts (no dedup, DeepEP low-latency)
 PAIR_COUNT_NAMES = ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")
-
-
-@dataclass(frozen=True)
-class KernelModel:
-    """How one dispatch/combine kernel moves token vectors and what it achieves on the links."""
-
-    name: str  # a KERNEL_MODES entry
-    sends: str  # "per_gpu", "two_hop" (counts of moeplace.simulate.routing) or "per_pair" (no dedup)
-    alpha: float  # seconds per kernel call (dispatch or combine), paid when the micro-batch has pairs
-    intra_eff: float  # achieved fraction of cluster.intra_bw
-    inter_eff: float  # achieved fraction of cluster.inter_bw
-    header_bytes: float  # bytes per dispatch message besides the vector and its scales
-    source: str  # where the constants come from
-
-
-# Calibrated on DeepEP's published H800 numbers (bench/results/deepep_published.json; docs/SIMULATOR.md, "Kernel
-# validation" lists which rows fitted which constant and the error on every row).
-# Three constants, each fitted on one published row and checked on the others:
-DEEPEP_NVLINK_EFF = 0.68  # achieved fraction of the NVLink rate (fitted: normal kernel, intranode EP8 dispatch)
-DEEPEP_RDMA_EFF = 0.88  # achieved fraction of the NIC rate (fitted: normal kernel, internode EP32 dispatch)
-DEEPEP_LL_ALPHA = 5e-6  # fixed cost of one low-latency kernel call beyond the link latency (fitted: LL EP32 dispatch)
-
-KERNELS: dict[str, KernelModel] = {k.name: k for k in (
-    KernelModel("nccl", "per_gpu", 0.0, 1.0, 1.0, 0.0,
-                "not validated: all-to-allv at the link rate, the cluster's per-message latencies only"),
-    KernelModel("deepep-normal", "two_hop", 0.0, DEEPEP_NVLINK_EFF, DEEPEP_RDMA_EFF, 0.0,
-                "link efficiencies fitted on DeepEP's H800 normal-kernel table (docs/SIMULATOR.md)"),
-    KernelModel("deepep-ll", "per_pair", DEEPEP_LL_ALPHA, DEEPEP_NVLINK_EFF, DEEPEP_RDMA_EFF, 16.0,
-                "kernel alpha fitted on DeepEP's H800 low-latency table; 16 B per message as in DeepEP's "
-                "test_low_latency.py byte count"),
-)}
 
 # --------------------------------------------------------------------------------------------------- configs
 
@@ -150,13 +119,6 @@ class TimeTerms:
         return AUTO_MODE.get(phase, AUTO_MODE["prefill"]) if self.mode == "auto" else self.mode
 
 
-def dispatch_vector_bytes(hidden: int, dispatch_bytes: float, scale_block: int) -> float:
-    """Bytes of one dispatched token vector: elements, plus one fp32 scale per ``scale_block`` elements when the
-    dispatch is quantized (dispatch_bytes < 2). DeepSeek-V3: 7168 + 4 * 56 = 7392."""
-    scales = 4.0 * math.ceil(hidden / scale_block) if scale_block and dispatch_bytes < 2 else 0.0
-    return hidden * dispatch_bytes + scales
-
-
 def time_terms(cost: CostConfig, hidden: int, model: str) -> TimeTerms:
     """The kernel time model's constants for a trace of ``model`` with ``hidden`` elements per vector."""
     from moeplace.presets import find_model
@@ -165,44 +127,11 @@ def time_terms(cost: CostConfig, hidden: int, model: str) -> TimeTerms:
     wb = cost.weight_bytes or (p.expert_weight_bytes if p is not None else 2.0)
     inter = cost.intermediate_size or (p.moe_intermediate_size if p is not None else hidden)
     vec = dispatch_vector_bytes(hidden, cost.dispatch_bytes, cost.scale_block)
-    return TimeTerms(cost.mode, cost.overlap, {k: vec + KERNELS[k].header_bytes for k in KERNEL_MODES},
+    return TimeTerms(cost.mode, cost.overlap, {k: vec + m.header_bytes for k, m in KERNELS.items()},
                      hidden * cost.combine_bytes, 3.0 * hidden * inter * wb)
 
 
 # --------------------------------------------------------------------------------------------------- formulas
-
-
-def comm_seconds(busiest: np.ndarray, alpha: float, bandwidth: float, send_bytes: float) -> np.ndarray:
-    """float [...]: ``alpha + busiest * send_bytes / bandwidth`` where anything is sent, else 0 (one link class,
-    one direction). busiest: [...] sends over the busiest link of that class."""
-    busiest = np.asarray(busiest)
-    return np.where(busiest > 0, alpha + busiest * send_bytes / bandwidth, 0.0)
-
-
-def kernel_seconds(kernel: KernelModel, busiest_intra: np.ndarray, busiest_inter: np.ndarray, any_pairs: np.ndarray,
-                   cluster: Cluster, send_bytes: float) -> np.ndarray:
-    """float [...]: one dispatch or combine of ``kernel``: ``alpha_k + max over link classes of (alpha_c + busiest_c
-    * send_bytes / (eff_c * B_c))`` (a class without sends costs 0; alpha_k only where any_pairs, bool [...])."""
-    t = np.maximum(comm_seconds(busiest_intra, cluster.intra_latency, kernel.intra_eff * cluster.intra_bw,
-                                send_bytes),
-                   comm_seconds(busiest_inter, cluster.inter_latency, kernel.inter_eff * cluster.inter_bw,
-                                send_bytes))
-    return t + np.where(any_pairs, kernel.alpha, 0.0)
-
-
-def expert_seconds(max_active: np.ndarray, flop_time: np.ndarray, any_pairs: np.ndarray, expert_bytes: float,
-                   cluster: Cluster) -> np.ndarray:
-    """float [...]: roofline expert compute of the busiest GPU, ``max(max_active * expert_bytes / hbm_bw,
-    flop_time) + compute_overhead`` where any_pairs, else 0. max_active: busiest GPU's distinct active experts;
-    flop_time: busiest GPU's pairs x pair seconds."""
-    mem = np.asarray(max_active) * expert_bytes / cluster.hbm_bw
-    return np.where(any_pairs, np.maximum(mem, flop_time) + cluster.compute_overhead, 0.0)
-
-
-def overlapped_seconds(d_half: np.ndarray, m_half: np.ndarray, c_half: np.ndarray) -> np.ndarray:
-    """float [...]: layer time of two half micro-batches with the comm and compute streams in parallel:
-    ``d + max(m, d) + max(c, m) + c`` (dispatch A; compute A || dispatch B; combine A || compute B; combine B)."""
-    return d_half + np.maximum(m_half, d_half) + np.maximum(c_half, m_half) + c_half
 
 
 def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster: Cluster,
@@ -252,8 +181,7 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     busiest = {"per_gpu": (counts["per_gpu"][..., 4], counts["per_gpu"][..., 5]),
                "two_hop": (counts["two_hop"][..., 4], counts["two_hop"][..., 5]),
                "per_pair": (pair_counts[..., 2], pair_counts[..., 3])}
-    for k in KERNEL_MODES:
-        km = KERNELS[k]
+    for k, km in KERNELS.items():
         bi, be = busiest[km.sends]
         out[f"{k}.dispatch_time"] = kernel_seconds(km, bi, be, any_pairs, cluster, terms.dispatch_send_bytes[k])
         out[f"{k}.combine_time"] = kernel_seconds(km, bi, be, any_pairs, cluster, terms.combine_send_bytes)
@@ -270,95 +198,3 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     else:
         out["layer_time"] = d + m + c
     return out
-
-
-# --------------------------------------------------------------------------------------------------- kernel check
-
-
-def benchmark_routing(rng: np.random.Generator, tokens: int, num_experts: int, top_k: int, num_nodes: int,
-                      node_groups: int | None = None) -> np.ndarray:
-    """int16 [tokens, top_k] expert ids as DeepEP's kernel benchmarks draw them: scores ``|N(0, 1)| + 1`` per
-    expert, top-k of them (uniform: every k-subset equally likely). With ``node_groups``, first keep the
-    ``node_groups`` nodes whose best expert scores highest (experts split evenly over ``num_nodes``), as
-    DeepEP's test_internode.py does with ``min(num_nodes, 4)`` groups."""
-    scores = np.abs(rng.standard_normal((tokens, num_experts), dtype=np.float32)) + 1
-    if node_groups is not None and node_groups < num_nodes:
-        by_node = scores.reshape(tokens, num_nodes, -1)
-        keep = np.argsort(-by_node.max(-1), axis=1)[:, :node_groups]
-        mask = np.zeros((tokens, num_nodes), bool)
-        np.put_along_axis(mask, keep, True, axis=1)
-        scores = np.where(np.repeat(mask, num_experts // num_nodes, axis=1), scores, 0.0)
-    return np.argsort(-scores, axis=1, kind="stable")[:, :top_k].astype(np.int16)
-
-
-def benchmark_bytes(ids: np.ndarray, mode: str, num_experts: int, world: int, gpus_per_node: int,
-                    dispatch_send_bytes: float, combine_send_bytes: float) -> tuple[float, float]:
-    """(dispatch, combine) bytes per rank, mean over ranks, as DeepEP's benchmarks count them (the numerator of
-    their published bandwidths): low-latency: every (token, expert) selection, the local ones too; normal with
-    several nodes: one per (token, node it selects), its own node included; one node (and nccl): one per
-    (destination GPU, token it receives), itself included. ids: int [T, K] experts (linear placement)."""
-    gpu = ids.astype(np.int64) // (num_experts // world)
-    if mode == "deepep-ll":
-        n = ids.shape[0] * ids.shape[1]
-    else:
-        unit = gpus_per_node if mode == "deepep-normal" and world > gpus_per_node else 1
-        tgt = np.sort(gpu // unit, axis=1)
-        n = int((np.diff(tgt, axis=1) != 0).sum() + len(tgt))
-    return n * dispatch_send_bytes / world, n * combine_send_bytes / world
-
-
-def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: str, tokens_per_rank: int,
-                   seed: int = 0, node_groups: int | None = -1) -> list[dict]:
-    """Predicted dispatch and combine time of one EP kernel call under benchmark routing, per EP size.
-
-    Each of the ``ep`` ranks (``ep / G`` nodes of the preset, linear placement: expert e on rank
-    ``e // (E / ep)``) holds ``tokens_per_rank`` tokens in one micro-batch, routed by
-    :func:`benchmark_routing`; :func:`moeplace.simulate.simulate` prices it with ``CostConfig(mode=mode)``.
-    node_groups: nodes a token may use; -1 -> DeepEP's benchmark default (``min(nodes, 4)`` for
-    deepep-normal, none otherwise); None -> no limit. Returns one dict per EP size: ``ep``, ``dispatch_us``,
-    ``combine_us``, ``dispatch_bytes`` and ``combine_bytes`` (per rank, counted as DeepEP's benchmarks count them:
-    :func:`benchmark_bytes`), and ``dispatch_gbps`` / ``combine_gbps`` (those bytes / time: the published
-    "bandwidth" columns), ``nodes``.
-    """
-    from moeplace.placement import Placement, Plan
-    from moeplace.presets import get_cluster_preset, get_model
-    from moeplace.simulate.batching import BatchConfig
-    from moeplace.simulate.simulator import simulate
-    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
-
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"predict-kernel: mode {mode!r}: expected one of {KERNEL_MODES}")
-    if tokens_per_rank < 1:
-        raise ValueError(f"predict-kernel: tokens_per_rank must be >= 1, got {tokens_per_rank}")
-    mp, cp = get_model(model), get_cluster_preset(cluster_preset)
-    E, K, G = mp.num_experts, mp.top_k, cp.gpus_per_node
-    rows = []
-    for ep in ep_sizes:
-        if ep < 1 or E % ep or (ep > G and ep % G):
-            raise ValueError(f"predict-kernel: EP size {ep}: expected a divisor of {E} experts that fills whole "
-                             f"nodes of {G} GPUs (or one node of at most {G})")
-        nodes = max(1, ep // G)
-        cluster = cp.cluster(nodes) if ep >= G else Cluster(1, ep, cp.intra_bw, cp.inter_bw, cp.intra_latency,
-                                                            cp.inter_latency, cp.expert_flops, cp.hbm_bw,
-                                                            cp.compute_overhead)
-        groups = (min(nodes, 4) if mode == "deepep-normal" else None) if node_groups == -1 else node_groups
-        rng = np.random.default_rng([seed, ep])
-        T = ep * tokens_per_rank
-        ids = benchmark_routing(rng, T, E, K, nodes, groups)
-        meta = TraceMeta(model=mp.name, num_layers=1, num_experts=E, top_k=K, hidden_size=mp.hidden_size,
-                         synthetic=True, source="synthetic:kernel-benchmark")
-        rid = np.arange(ep, dtype=np.int64)
-        req = Requests(rid, np.array(["bench"] * ep, object), np.array([""] * ep, object),
-                       np.full(ep, tokens_per_rank, np.int32), np.zeros(ep, np.int32))
-        tk = TokenChunk(np.repeat(rid, tokens_per_rank), np.tile(np.arange(tokens_per_rank, dtype=np.int32), ep),
-                        np.zeros(T, np.int8), ids.reshape(T, 1, K))
-        plan = Plan(Placement.linear(1, E, ep), cluster, homes={int(r): int(r) for r in rid})
-        res = simulate(Trace(meta, req, tk), plan, cost=CostConfig(mode=mode), batching=BatchConfig(prefill_tokens=T))
-        pm = res.prefill.per_microbatch
-        terms = time_terms(CostConfig(mode=mode), mp.hidden_size, mp.name)
-        d, c = float(pm[f"{mode}.dispatch_time"][0, 0]), float(pm[f"{mode}.combine_time"][0, 0])
-        db, cb = benchmark_bytes(ids, mode, E, ep, G, terms.dispatch_send_bytes[mode], terms.combine_send_bytes)
-        rows.append({"ep": ep, "nodes": nodes, "dispatch_us": d * 1e6, "combine_us": c * 1e6,
-                     "dispatch_bytes": db, "combine_bytes": cb,
-                     "dispatch_gbps": db / d / 1e9, "combine_gbps": cb / c / 1e9})
-    return rows

@@ -16,7 +16,8 @@ from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster
 from moeplace.simulate import routing
 from moeplace.simulate.batching import BatchConfig
-from moeplace.simulate.cost import KERNEL_MODES, CostConfig
+from moeplace.simulate.cost import CostConfig
+from moeplace.simulate.kernels import KERNELS
 from moeplace.simulate.routing import DEDUP_MODES
 
 
@@ -115,7 +116,7 @@ class PhaseResult:
         # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
         out["kernel_time"] = {f"{k}_s": _stat_additive(pm[k]) for k in (
             "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time")}
-        for k in KERNEL_MODES:
+        for k in KERNELS:
             out["kernel_time"][k] = {f"{part}_s": _stat_additive(pm[f"{k}.{part}"])
                                      for part in ("dispatch_time", "combine_time")}
         bal, imb = self.balancedness_per_layer, self.imbalance_ratio_per_layer

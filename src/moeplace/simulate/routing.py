@@ -21,7 +21,7 @@ home GPU if any, else those on the home node, else all of them.
   a min-cost flow per cap on the load, the cap lowered one pair at a time while that adds at most one pair of
   locality cost (the objective is convex in the cap; equal objectives take the lower cap). Pairs of a group fill
   its replica GPUs in slot order, in token order then k order; a GPU holding two slots of the expert serves from
-  the first. :func:`moeplace.simulate.kernels.balance_kernel` states the tie-breaks.
+  the first. :func:`moeplace.simulate.loops.balance_kernel` states the tie-breaks.
 - ``balanced``: the least max load alone (like SGLang's LP load balancer, which ignores locality); among
   assignments with that max load, the least locality cost by the same costs (a tie-break only).
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.placement import log2phy_table
-from moeplace.simulate import kernels
+from moeplace.simulate import loops
 
 RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced")
 BALANCED_RULES = ("balanced-local", "balanced")  # chosen per micro-batch by :func:`balanced_gpus`
@@ -151,11 +151,11 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
     ok = np.zeros((L, E, W, M), bool)
     static = np.zeros((L, E, W), np.int64)
     nbest = np.zeros((L, E, W), np.int64)
-    kernels.tier_kernel(cand, cgpu, nog, ok, static, nbest)
+    loops.tier_kernel(cand, cgpu, nog, ok, static, nbest)
     rep_gpu = np.full((L, E, M), -1, np.int64)
     rep_slot = np.full((L, E, M), -1, np.int64)
     rep_n = np.zeros((L, E), np.int64)
-    kernels.distinct_kernel(cand, cgpu, rep_gpu, rep_slot, rep_n)
+    loops.distinct_kernel(cand, cgpu, rep_gpu, rep_slot, rep_n)
     return RouteTables(
         num_experts=E,
         num_gpus=W,
@@ -189,7 +189,7 @@ def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: n
     cc = (costs or ReplicaCosts()).matrix(tab.node_of_gpu)
     base = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
     pick = np.zeros((len(rows), L, K), np.int16)
-    bad = kernels.by_layers(kernels.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
+    bad = loops.by_layers(loops.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
                             np.ascontiguousarray(home, np.int64), np.ascontiguousarray(starts, np.int64),
                             tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule == "balanced", base, pick)
     if max(bad) >= 0:
@@ -212,7 +212,7 @@ def serve_column(replica_gpus: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarra
     ok = np.zeros((1, 1, W, m), bool)
     static = np.zeros((1, 1, W), np.int64)
     nbest = np.zeros((1, 1, W), np.int64)
-    kernels.tier_kernel(cand, g.reshape(1, 1, m), nog, ok, static, nbest)
+    loops.tier_kernel(cand, g.reshape(1, 1, m), nog, ok, static, nbest)
     return g[static[0, 0]]
 
 
@@ -250,7 +250,7 @@ def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.nd
                             load)[:, 0, :].astype(np.int64)
         return tab.rep_slot[0][ex, np.argmax(tab.rep_gpu[0][ex] == gpu[:, :, None], axis=-1)] if T else \
             np.zeros(ex.shape, np.int64)
-    return kernels.assign_kernel(np.ascontiguousarray(ex, np.int64), np.ascontiguousarray(h), tab.kernel_serve(rule),
+    return loops.assign_kernel(np.ascontiguousarray(ex, np.int64), np.ascontiguousarray(h), tab.kernel_serve(rule),
                                  tab.serve_slot, tab.cand_slot, tab.cand_gpu, tab.cand_ok, tab.slot_gpu, W, load)
 
 
@@ -266,7 +266,7 @@ def token_sends(gpu: np.ndarray, home: np.ndarray, node_of_gpu: np.ndarray) -> n
         raise ValueError(f"token_sends: gpu [T, K] and home [T] expected, got {g.shape} and {h.shape}")
     out = np.zeros((g.shape[0], 3), np.int64)
     if g.size:
-        kernels.token_sends_kernel(g, h, np.ascontiguousarray(node_of_gpu, np.int64), out)
+        loops.token_sends_kernel(g, h, np.ascontiguousarray(node_of_gpu, np.int64), out)
     return out
 
 
@@ -285,7 +285,7 @@ def link_counts(X: np.ndarray, gpus_per_node: int) -> np.ndarray:
     none = np.zeros((0, W), np.int64)
     col, own = np.zeros(W, np.int64), np.zeros(W, np.int64)
     for i in range(len(flat)):
-        kernels.counts_and_clear(flat[i], node, gpus_per_node, none, out[i], col, own)
+        loops.counts_and_clear(flat[i], node, gpus_per_node, none, out[i], col, own)
     return out.reshape(*lead, 6)
 
 

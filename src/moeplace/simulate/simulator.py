@@ -12,7 +12,7 @@ Pipeline of one micro-batch and layer (docs/SIMULATOR.md has the full definition
 4. time per micro-batch from :mod:`moeplace.simulate.cost`.
 
 :func:`simulate` streams: memory is bounded by the open micro-batches; each micro-batch, once all its tokens were
-seen, goes through one compiled kernel call (:mod:`moeplace.simulate.kernels`) on disjoint layer ranges in
+seen, goes through one compiled kernel call (:mod:`moeplace.simulate.loops`) on disjoint layer ranges in
 threads. ``tests/spec_simulator.py`` is an independent, loop-by-loop spec that it must match exactly.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.placement import Cluster, Placement, Plan
-from moeplace.simulate import kernels
+from moeplace.simulate import loops
 from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
 from moeplace.simulate.cost import CostConfig, TimeTerms, microbatch_metrics, pair_flops_of, time_terms
 from moeplace.simulate.result import PhaseResult, SimResult
@@ -166,7 +166,7 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
     rows_o = np.ascontiguousarray(np.asarray(rows)[order], np.int64)
     home_o = np.ascontiguousarray(np.asarray(home)[order], np.int64)
     pick = ctx.pick(ids, rows_o, home_o, starts)
-    bad = kernels.by_layers(kernels.microbatch_kernel, L, ids, rows_o, home_o,
+    bad = loops.by_layers(loops.microbatch_kernel, L, ids, rows_o, home_o,
                             starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
                             counts["per_gpu"], counts["two_hop"], sends_pg, node_sends, local, node_local,
                             active, pair_counts)
