@@ -1,4 +1,9 @@
-"""Write the fine-grained reference model's card from its files, so every number in it comes from a file.
+"""Write a DeepSeek-V3-shaped reference model's card from its files, so every number in it comes from a file.
+
+Two models use it: the fine-grained one (``reference-fg``: 64 experts, top-6) and the DeepSeek-V3-shaped one
+(``reference-ds``: 256 experts, top-8); :data:`MODELS` holds what differs between their cards (title, introduction,
+trace command). The second card also compares its routing with the first model's ``structure.json`` and with the
+published DeepSeek-V3 figures.
 
 Reads, in the model folder: ``train_metrics.json``, ``corpus_manifest.json``, ``heldout_prompts.jsonl`` (tokenized
 with the saved tokenizer for the prompt lengths), ``heldout_ce_subdomains.json``
@@ -8,6 +13,7 @@ trace). Writes ``MODEL_CARD.md`` next to them (atomically).
 Usage::
 
     python scripts/fg_model_card.py src/moeplace/data/reference-fg
+    python scripts/fg_model_card.py src/moeplace/data/reference-ds
 """
 
 from __future__ import annotations
@@ -24,9 +30,46 @@ import numpy as np
 from moeplace.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE_COMMAND = ("moeplace trace record --model src/moeplace/data/reference-fg --prompts "
-                 "src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 "
-                 "--no-weights --sample-every 2 --batch-size 64 src/moeplace/data/reference-fg.trace")
+FG_TRACE_COMMAND = ("moeplace trace record --model src/moeplace/data/reference-fg --prompts "
+                    "src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 "
+                    "--no-weights --sample-every 2 --batch-size 64 src/moeplace/data/reference-fg.trace")
+DS_TRACE_COMMAND = ("moeplace trace record --model src/moeplace/data/reference-ds --prompts "
+                    "src/moeplace/data/reference-ds/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 "
+                    "--no-weights --sample-every 2 --batch-size 64 src/moeplace/data/reference-ds.trace")
+PUBLISHED_DSV3_PREFILL_DECODE = 0.55  # arXiv 2604.23150, prefill-decode expert-load correlation of DeepSeek-V3
+
+MODELS = {
+    "reference-fg": dict(
+        config="fine-grained", trace="src/moeplace/data/reference-fg.trace", trace_command=FG_TRACE_COMMAND,
+        title="# moeplace fine-grained reference MoE (DeepSeek-V3 style, 12 MoE layers x 64 experts in 8 groups, "
+              "top-6, 2 shared)",
+        intro=["This is the project's second small mixture-of-experts language model, shaped like the MoEs that need "
+               "multi-node",
+               "expert parallelism: group-limited routing (each token's 6 experts come from its best 4 of 8 groups), "
+               "2 shared",
+               "experts, a dense first layer and auxiliary-loss-free balancing, as in DeepSeek-V3 (arXiv 2412.19437), "
+               "with",
+               "Instella-MoE's expert counts (64 routed, top-6, 2 shared). It was trained from scratch on this "
+               "project's 2 CPU",
+               "cores, on four domains with sub-domains. It is a test subject for expert placement, not a useful "
+               "language model."]),
+    "reference-ds": dict(
+        config="deepseek-v3-shape", trace="src/moeplace/data/reference-ds.trace", trace_command=DS_TRACE_COMMAND,
+        title="# moeplace DeepSeek-V3-shaped reference MoE (8 MoE layers x 256 experts in 8 groups, top-4 groups, "
+              "top-8, 1 shared)",
+        intro=["This is the project's third small mixture-of-experts language model, with DeepSeek-V3's routing shape "
+               "itself:",
+               "256 routed experts per layer in 8 groups of 32, each token's 8 experts drawn from its best 4 groups, "
+               "one shared",
+               "expert, a dense first layer, sigmoid scores with `routed_scaling_factor=2.5` and auxiliary-loss-free "
+               "balancing,",
+               "as in DeepSeek-V3 (arXiv 2412.19437). At EP32 with 32 redundant slots it has (256 + 32) / 32 = 9 "
+               "slots per GPU,",
+               "as DeepSeek-V3 has. It was trained from scratch on this project's 2 CPU cores, on the same corpus, "
+               "split and",
+               "held-out prompts as the fine-grained model. It is a test subject for expert placement, not a useful "
+               "language model."]),
+}
 
 
 def _structure_markdown(s: dict) -> str:
@@ -82,8 +125,18 @@ def prompt_table(rows: list[dict], tokenizer) -> list[str]:
     return out
 
 
+def model_entry(folder: Path) -> dict:
+    """The :data:`MODELS` entry of a model folder (by its name: reference-fg or reference-ds)."""
+    try:
+        return MODELS[folder.resolve().name]
+    except KeyError:
+        raise ValueError(f"not a model this card knows (expected a folder named one of {sorted(MODELS)})") from None
+
+
 def card(folder: Path) -> str:
     from transformers import AutoTokenizer
+
+    me = model_entry(folder)
 
     m = json.loads((folder / "train_metrics.json").read_text())
     manifest = json.loads((folder / "corpus_manifest.json").read_text())
@@ -101,26 +154,16 @@ def card(folder: Path) -> str:
     ce = m["heldout_ce_saved_weights"]
     t_last = m["train_ce_last_100"]
     lines = [
-        "# moeplace fine-grained reference MoE (DeepSeek-V3 style, 12 MoE layers x 64 experts in 8 groups, top-6, "
-        "2 shared)",
+        me["title"],
         "",
-        "This is the project's second small mixture-of-experts language model, shaped like the MoEs that need "
-        "multi-node",
-        "expert parallelism: group-limited routing (each token's 6 experts come from its best 4 of 8 groups), 2 "
-        "shared",
-        "experts, a dense first layer and auxiliary-loss-free balancing, as in DeepSeek-V3 (arXiv 2412.19437), with",
-        "Instella-MoE's expert counts (64 routed, top-6, 2 shared). It was trained from scratch on this project's "
-        "2 CPU",
-        "cores, on four domains with sub-domains. It is a test subject for expert placement, not a useful language "
-        "model.",
+        *me["intro"],
         "Every number below is generated from the files in this folder by `python scripts/fg_model_card.py "
-        "src/moeplace/data/reference-fg`.",
+        f"{me['trace'][:-len('.trace')]}`.",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        'model = AutoModelForCausalLM.from_pretrained("src/moeplace/data/reference-fg")  # or '
-        'load_reference(path=...)',
-        'tokenizer = AutoTokenizer.from_pretrained("src/moeplace/data/reference-fg")',
+        f'model = AutoModelForCausalLM.from_pretrained("{me["trace"][:-6]}")  # or load_reference(path=...)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{me["trace"][:-6]}")',
         "```",
         "",
         "## Architecture",
@@ -199,7 +242,7 @@ def card(folder: Path) -> str:
         "with this session's other work (editing, small tests) |",
         f"| seed | {m['seed']} |",
         "",
-        "`moeplace train-reference --config fine-grained --out DIR` reproduces the run (CPU training is not bitwise",
+        f"`moeplace train-reference --config {me['config']} --out DIR` reproduces the run (CPU training is not bitwise",
         "reproducible across machines, so a retrained model may differ in detail).",
         "",
         "![loss curve](loss_curve.png)",
@@ -235,17 +278,18 @@ def card(folder: Path) -> str:
         "",
         "## Routing structure on the held-out prompts",
         "",
-        f"The trace `src/moeplace/data/reference-fg.trace` was recorded with `{TRACE_COMMAND}`: the saved bfloat16 "
+        f"The trace `{me['trace']}` was recorded with `{me['trace_command']}`: the saved bfloat16 "
         "weights, greedy decoding, EOS masked until 33 tokens, so every request has its prefill and exactly 32 "
         "decode tokens (the 33rd is never fed back). `--sample-every 2` records the requests whose id hashes to "
         f"1 in 2: {s['requests']:,} of the {len(prompts):,} prompts, {s['tokens']['prefill']:,} prefill + "
         f"{s['tokens']['decode']:,} decode tokens. The table is `python scripts/reference_structure.py "
-        "src/moeplace/data/reference-fg.trace --markdown` (saved as `structure.json`):",
+        f"{me['trace']} --markdown` (saved as `structure.json`):",
         "",
         _structure_markdown(s),
         "",
         READING.format(**reading_values(s)),
         "",
+        *comparison(folder, s),
         "## Limitations",
         "",
         "- The model is tiny and briefly trained: its text is poor. Use it for routing, not for generation quality.",
@@ -305,16 +349,67 @@ def reading_values(s: dict) -> dict:
         "other": pd["baseline_other_request_other_domain"],
         "overlap": t["mean"], "overlap_base": t["baseline_other_request"], "chance": s["K"] / s["E"],
         "gmax": g["max_groups_per_token_layer"], "gmean": g["mean_groups_per_token_layer"],
-        "viol": g["violations"], "tl": g["token_layers"], "g4": hist.get(4, 0) / g["token_layers"],
+        "viol": g["violations"], "tl": g["token_layers"],
+        "g4": hist.get(int(g["topk_groups"]), 0) / g["token_layers"],
+        "tg": g["topk_groups"], "ng": g["expert_groups"], "gs": s["E"] // g["expert_groups"],
+        "test_file": "tests/test_reference_ds.py" if s["E"] == 256 else "tests/test_reference_fg.py",
     }
+
+
+COMPARED_KEYS = (  # (label, path in structure.json, format)
+    ("load max/mean, mean over layers", ("load", "mean_max_over_mean"), ".2f"),
+    ("load max/mean, prefill alone", ("load", "mean_max_over_mean_prefill"), ".2f"),
+    ("load max/mean, decode alone", ("load", "mean_max_over_mean_decode"), ".2f"),
+    ("domain accuracy from expert counts", ("domain", "softmax_regression_accuracy"), ".1%"),
+    ("JSD between domains (bits)", ("domain", "jsd_bits_mean"), ".3f"),
+    ("sub-domain accuracy", ("subdomain", "all", "softmax_regression_accuracy"), ".1%"),
+    ("prefill-decode Pearson", ("prefill_decode", "pearson_mean"), ".3f"),
+    ("same-domain baseline", ("prefill_decode", "baseline_other_request_same_domain"), ".3f"),
+    ("decode temporal overlap", ("temporal", "mean"), ".1%"),
+    ("mean groups per token-layer", ("groups", "mean_groups_per_token_layer"), ".2f"),
+)
+
+
+def _get(d: dict, path: tuple[str, ...]):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def comparison(folder: Path, s: dict) -> list[str]:
+    """For the DeepSeek-V3-shaped model: its routing structure beside the fine-grained model's (its
+    ``structure.json``) and the published DeepSeek-V3 figure; nothing for the fine-grained model itself."""
+    if folder.resolve().name != "reference-ds":
+        return []
+    fg_path = folder.resolve().parent / "reference-fg" / "structure.json"
+    fg = json.loads(fg_path.read_text())
+    rows = ["## Compared with the fine-grained model and with DeepSeek-V3", "",
+            f"Both measured by `scripts/reference_structure.py` on their shipped traces (this folder's and "
+            f"`reference-fg/structure.json`); K / E is {s['K']}/{s['E']} here and {fg['K']}/{fg['E']} there, so "
+            "chance overlap differs.", "",
+            "| measure | this model (256 experts, top-8) | fine-grained (64 experts, top-6) | "
+            "DeepSeek-V3 (published) |",
+            "| --- | --- | --- | --- |"]
+    for label, path, fmt in COMPARED_KEYS:
+        a, b = _get(s, path), _get(fg, path)
+        pub = f"{PUBLISHED_DSV3_PREFILL_DECODE:.2f} (arXiv 2604.23150)" if path[-1] == "pearson_mean" else ""
+        rows.append(f"| {label} | {'' if a is None else format(a, fmt)} | {'' if b is None else format(b, fmt)} | "
+                    f"{pub} |")
+    rows += ["", f"What differs in the model: 4x the experts per layer ({s['E']} vs {fg['E']}), top-{s['K']} instead "
+             f"of top-{fg['K']}, 1 shared expert instead of 2, {s['L']} MoE layers instead of {fg['L']}, hidden 128 "
+             "instead of 192, `routed_scaling_factor` 2.5 (DeepSeek-V3's) instead of 1.0; the same corpus, split, "
+             "tokenizer settings and prompts.", ""]
+    return rows
 
 
 READING = """Reading them:
 
-- **Group-limited routing holds on every token.** {viol} of {tl:,} token-layers use more than 4 of the 8 groups
-  (`tests/test_reference_fg.py` checks it on the whole trace with its own definition, group = expert // 8). Tokens
-  use the limit: on average {gmean:.2f} groups, and {g4:.0%} of token-layers use exactly 4. So when a node
-  holds whole groups, a token still reaches up to 4 nodes, the bound DeepSeek-V3 sets on purpose.
+- **Group-limited routing holds on every token.** {viol} of {tl:,} token-layers use more than {tg} of the {ng}
+  groups (`{test_file}` checks it on the whole trace with its own definition, group = expert // {gs}). Tokens
+  use the limit: on average {gmean:.2f} groups, and {g4:.0%} of token-layers use exactly {tg}. So when a node
+  holds whole groups, a token still reaches up to {tg} nodes, the bound DeepSeek-V3 sets on purpose.
 - **Load is nearly balanced, as auxiliary-loss-free balancing intends.** Max/mean over layers {mom:.2f} (per layer
   {mom_lo:.2f}-{mom_hi:.2f}) on these held-out requests, against 4.10 for the first reference model with its
   pooled auxiliary loss (its card). Each phase alone is less balanced (prefill {mom_pre:.2f}, decode
