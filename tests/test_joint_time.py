@@ -74,7 +74,7 @@ def test_joint_beats_eplb_on_new_requests_of_a_clustered_workload():
     assert joint.fallback is None
     eplb = make_plan("eplb", work, cluster, 4)
     from moeplace.evaluate.windows import plan_grouper
-    from moeplace.plan.joint import feature_layers, signal_features
+    from moeplace.plan.joint_common import feature_layers, signal_features
 
     g = plan_grouper(joint)
     homes = g.assign_features(signal_features(new, np.arange(new.num_requests), feature_layers(3, 16)))

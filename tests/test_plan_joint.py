@@ -7,15 +7,8 @@ import numpy as np
 from moeplace.placement import Cluster
 from moeplace.plan import workload_from_tokens
 from moeplace.plan.grouping import Grouper, assign_rounds
-from moeplace.plan.joint import (
-    LayerSearch,
-    assign_all,
-    fold_use,
-    request_folds,
-    serve_table,
-    signal_features,
-    use_by_gpu,
-)
+from moeplace.plan.joint import LayerSearch, fold_use, request_folds, serve_table
+from moeplace.plan.joint_common import assign_all, signal_features, use_by_gpu
 
 
 def test_request_folds_partition_evenly():

@@ -38,16 +38,16 @@ import time
 import numpy as np
 
 from moeplace.placement import Cluster
-from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
-from moeplace.plan.base import StrategyResult, Workload, check_sizes, request_expert_counts
-from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans, normalise_rows
+from moeplace.plan.base import StrategyResult, Workload, check_sizes
+from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans
+from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
+from moeplace.plan.joint_time import plan_joint_time
 from moeplace.simulate import routing
 from moeplace.simulate.batching import DECODE_WINDOW_SHIFT
 from moeplace.simulate.routing import mean_balancedness
 from moeplace.simulate.simulator import route_load
 
 DEFAULT_BALANCE_FLOOR = 0.95
-MAX_FEATURE_DIM = 4096  # grouping features use evenly spaced layers beyond this many (layer, expert) entries
 MAX_FOLD_CELLS = 1 << 17  # folds * W * E per layer at most (fold loads of the robust balance term)
 PENALTY = 4.0  # sends one unit of load above the cap is worth (per layer, in sample units)
 DEFAULT_SEARCH_EVALS = 4_000  # moves evaluated per layer over all local searches (work, not seconds)
@@ -213,32 +213,6 @@ class LayerSearch:
 # --------------------------------------------------------------------------------------------------- steps
 
 
-def initial_placement(use_node: np.ndarray, num_slots: int, gpus_per_node: int) -> np.ndarray:
-    """phy2log int [L, P] from per-node use [N, L, E]: equal primaries per node by affinity, redundant slots to
-    each node's most used missing experts, node slots packed onto GPUs by :func:`replica_load`."""
-    N, L, E = use_node.shape
-    P = num_slots
-    per_node = P // N
-    prim = -(-E // N)  # primaries per node (ceil); the last nodes may take fewer
-    out = np.zeros((L, N, per_node), np.int64)
-    for layer in range(L):
-        u = use_node[:, layer, :]
-        order = np.argsort(-u, axis=None, kind="stable")
-        held: list[list[int]] = [[] for _ in range(N)]
-        placed = np.zeros(E, bool)
-        for flat in order:
-            n, e = divmod(int(flat), E)
-            if not placed[e] and len(held[n]) < min(prim, per_node):
-                held[n].append(e)
-                placed[e] = True
-        for e in np.flatnonzero(~placed):  # only when primaries cannot split evenly
-            n = min(range(N), key=lambda n: (len(held[n]) >= per_node, -u[n, e]))
-            held[n].append(int(e))
-        out[layer] = np.asarray([fill_node_slots(held[n], u[n], per_node, gpus_per_node) for n in range(N)])
-    p2l = out.reshape(L, P)
-    return pack_within_nodes(p2l, replica_load(p2l, use_node, N), N, gpus_per_node)
-
-
 def request_node_cost(phy2log: np.ndarray, tok_req: np.ndarray, ids: np.ndarray, num_requests: int,
                       cluster: Cluster, num_experts: int) -> np.ndarray:
     """float [Rq, N]: inter-node sends of each request's rows (ids [T, L, K]) if it were homed on each node."""
@@ -255,48 +229,6 @@ def request_node_cost(phy2log: np.ndarray, tok_req: np.ndarray, ids: np.ndarray,
     return out
 
 
-def feature_layers(num_layers: int, num_experts: int, max_dim: int = MAX_FEATURE_DIM) -> list[int] | None:
-    """MoE layers whose counts form the grouping feature: all (None) when L * E <= max_dim, else evenly spaced."""
-    if num_layers * num_experts <= max_dim:
-        return None
-    n = max(1, max_dim // num_experts)
-    return sorted({int(x) for x in np.linspace(0, num_layers - 1, n).round()})
-
-
-def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | None = None) -> np.ndarray:
-    """float32 [n, D]: L2-normalised prefill activation vectors of the given requests (indices into the window),
-    over ``layers`` (None: all)."""
-    pos = np.full(work.num_requests, -1, np.int64)
-    pos[requests] = np.arange(len(requests))
-    m = work.admission_rows & (pos[work.token_request] >= 0)
-    ids = work.expert_ids[m] if layers is None else work.expert_ids[m][:, layers, :]
-    counts = request_expert_counts(pos[work.token_request[m]], ids, len(requests), work.num_experts)
-    return normalise_rows(counts)
-
-
-def assign_all(grouper: Grouper, work: Workload, chunk: int = 8192) -> np.ndarray:
-    """int64 [Rq]: homes of every request of the window from the grouper (features computed in chunks).
-
-    The signal rows are found and sorted by request once, so each chunk reads only its own rows.
-    """
-    from moeplace.plan.grouping import assign_rounds
-
-    Rq = work.num_requests
-    rows = np.flatnonzero(work.admission_rows)
-    tr = work.token_request[rows]
-    order = np.argsort(tr, kind="stable")
-    rows, tr = rows[order], tr[order]
-    scores = np.empty((Rq, grouper.num_nodes), np.float32)
-    for s in range(0, Rq, chunk):
-        e = min(Rq, s + chunk)
-        a, b = np.searchsorted(tr, [s, e])
-        r = rows[a:b]
-        ids = work.expert_ids[r] if grouper.layers is None else work.expert_ids[r[:, None], grouper.layers]
-        counts = request_expert_counts(tr[a:b] - s, ids, e - s, work.num_experts)
-        scores[s:e] = normalise_rows(counts) @ grouper.weights.T
-    return assign_rounds(scores, grouper.gpus_per_node, grouper.round_size)
-
-
 def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_node: int, round_size: int,
                 layers: list[int] | None = None) -> Grouper:
     """Nearest-centroid classifier: node n's row is the normalised mean prefill feature of the requests labelled n."""
@@ -306,16 +238,6 @@ def fit_grouper(feats: np.ndarray, labels: np.ndarray, num_nodes: int, gpus_per_
         v = feats[m].sum(axis=0) if m.any() else np.zeros(feats.shape[1], np.float32)
         rows.append(v / max(float(np.linalg.norm(v)), 1e-12))
     return Grouper(np.stack(rows), gpus_per_node, round_size, kind="centroids", layers=layers)
-
-
-def use_by_gpu(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, W: int, E: int) -> np.ndarray:
-    """float [L, W, E]: traffic pairs by home GPU and expert."""
-    T, L, K = ids.shape
-    h = homes[tok_req].astype(np.int64)[:, None] * E
-    out = np.empty((L, W, E))
-    for layer in range(L):  # one layer at a time bounds the temporaries
-        out[layer] = np.bincount((h + ids[:, layer, :]).ravel(), minlength=W * E).reshape(W, E)
-    return out
 
 
 def fold_use(tok_req: np.ndarray, ids: np.ndarray, homes: np.ndarray, fold: np.ndarray, W: int,
@@ -442,8 +364,6 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     gets its home from the fitted grouper.
     """
     if objective == "time":
-        from moeplace.plan.joint_time import plan_joint_time
-
         return plan_joint_time(work, cluster, num_redundant, seed=seed, round_size=round_size,
                                hidden_size=hidden_size, mode=mode, rule=rule, max_eval_requests=max_check_requests)
     if objective != "bytes":

@@ -35,6 +35,7 @@ from moeplace.placement import Cluster, CostModel, Fallback
 from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
 from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, kmeans
+from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
 from moeplace.simulate.batching import BatchConfig, window_microbatches
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.routing import DEFAULT_RULE
@@ -87,8 +88,6 @@ def node_use(token_request: np.ndarray, ids: np.ndarray, homes: np.ndarray, num_
              num_experts: int) -> np.ndarray:
     """float [N, L, E]: pairs by the node of the row's home, per layer and expert (joint's per-GPU use summed
     over each node's GPUs). ids: int [T, L, K]."""
-    from moeplace.plan.joint import use_by_gpu
-
     L = ids.shape[1]
     use = use_by_gpu(token_request, ids, homes, num_nodes * gpus_per_node, num_experts)  # [L, W, E]
     return use.reshape(L, num_nodes, gpus_per_node, num_experts).sum(axis=2).transpose(1, 0, 2)
@@ -126,7 +125,6 @@ def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray
     with request homes [Rq]: EPLB on their load, node affinity, node affinity with EPLB's replica counts."""
     from moeplace.placement import replica_counts
     from moeplace.plan.eplb import rebalance
-    from moeplace.plan.joint import initial_placement
 
     N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
     sel = np.isin(work.token_request, requests)
@@ -144,7 +142,6 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                     max_eval_requests: int = MAX_EVAL_REQUESTS) -> StrategyResult:
     """The time objective (see the module docstring); hidden_size: default the window's, else 4096."""
     from moeplace.plan.eplb import rebalance
-    from moeplace.plan.joint import assign_all, feature_layers, signal_features
 
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
