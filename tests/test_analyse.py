@@ -223,6 +223,32 @@ def test_trace_known_answers(tmp_path):
     assert res["drift"]["num_windows"] == 6 and res["unavailable"] == {}
 
 
+def test_lift_needs_min_support(tmp_path):
+    """A pair seen in one token of 400 (0.25%) has by far the highest lift but must not head the lift ranking,
+    the text summary or the report: lifts rank only pairs seen in >= MIN_PAIR_SUPPORT of the tokens."""
+    from moeplace.analyse.report import render_report
+    from moeplace.analyse.summary import MIN_PAIR_SUPPORT, format_summary
+
+    rng = np.random.default_rng(0)
+    T, E = 400, 8
+    common = [sorted(rng.choice(6, 2, replace=False).tolist()) for _ in range(T - 1)]  # experts 0-5
+    ids = [[p] for p in common] + [[[6, 7]]]  # the rare pair {6, 7}, once
+    arr = tokens(np.arange(T) // 4, np.arange(T) % 4, [0] * T, ids)
+    res = check_json(analyse_trace(write_tokens(tmp_path / "t", arr, 1, E, 2), window_tokens=100))
+    co = res["coactivation"]
+    lift = np.asarray(co["lift"], dtype=float)
+    rare = lift[6, 7]
+    assert co["min_count"] == math.ceil(MIN_PAIR_SUPPORT * T) == 4
+    assert rare > 10 * max(p["lift"] for p in co["top_lift_pairs"])  # it would win without the support rule
+    assert all(p["count"] >= co["min_count"] for p in co["top_lift_pairs"])
+    assert [6, 7] not in [p["experts"] for p in co["top_lift_pairs"]]
+    assert co["max_lift"][0] == pytest.approx(co["top_lift_pairs"][0]["lift"]) and co["max_lift"][0] < rare
+    text = format_summary(res)
+    assert "6+7" not in text and "pairs in >= 1% of tokens" in text
+    page = render_report(res)
+    assert "at least 1% of the tokens rank by lift" in page and f"{rare:.2f}" not in page
+
+
 def test_drift_detects_a_shift(tmp_path):
     ids = np.zeros((40, 1, 1), np.int16)
     ids[20:] = 1  # second half of the trace uses another expert

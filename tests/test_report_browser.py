@@ -14,6 +14,7 @@ from conftest import make_tokens
 
 from moeplace.analyse import analyse_trace
 from moeplace.analyse.report import render_report, write_report
+from moeplace.analyse.summary import MIN_PAIR_SUPPORT
 from moeplace.trace import TraceMeta, TraceWriter
 
 FIGURES = ["expert load heatmap", "imbalance per layer", "domain load profiles", "prefill vs decode scatter",
@@ -55,6 +56,11 @@ def test_report_is_self_contained(report):
     assert all(base64.b64decode(b)[:8] == b"\x89PNG\r\n\x1a\n" for _, b in imgs)
     for number in ("max/mean", "JS divergence", "Pearson", "Per layer"):
         assert number in text
+    # lifts rank only pairs with the minimum support, and the page says so next to the ranking and the column
+    n = res["coactivation"]["min_count"]
+    assert n == max(1, int(np.ceil(MIN_PAIR_SUPPORT * res["meta"]["num_tokens"]["total"])))
+    assert f"Highest-lift pairs (seen in at least {n:,} tokens)" in text
+    assert "at least 1% of the tokens rank by lift" in text and "max pair lift (&ge; 1% tokens)" in text
 
 
 def test_report_of_counts_and_real_trace(report, tmp_path):

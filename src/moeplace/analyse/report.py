@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from moeplace.analyse.summary import MIN_PAIR_SUPPORT  # noqa: E402
 from moeplace.htmlstyle import BASE_CSS  # noqa: E402
 from moeplace.io import atomic_write_text  # noqa: E402
 
@@ -189,6 +190,11 @@ def _fig_prefill_decode(res: dict) -> str:
                    "prefill vs decode scatter")
 
 
+def _support() -> str:
+    """The minimum support of a lift, as text ("1%")."""
+    return f"{MIN_PAIR_SUPPORT:.0%}"
+
+
 def _fig_coactivation(res: dict) -> str:
     co = res["coactivation"]
     if co["lift"] is None:
@@ -197,7 +203,7 @@ def _fig_coactivation(res: dict) -> str:
     counts = _arr(co["counts"])
     E = lift.shape[0]
     with np.errstate(divide="ignore", invalid="ignore"):
-        lg = np.where(counts > 0, np.log2(lift), np.nan)
+        lg = np.where(counts >= max(co["min_count"], 1), np.log2(lift), np.nan)  # rare pairs: grey
     lim = 3.0  # colours saturate at 8x above or below independence
     lg = np.clip(lg, -lim, lim)
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.2))
@@ -212,7 +218,8 @@ def _fig_coactivation(res: dict) -> str:
         ax.set_xlabel("expert")
         ax.set_ylabel("expert")
     return _figure(fig, f"Expert pairs in one token's top-k in layer {co['layer']} ({E} experts). Lift compares "
-                   "the count with random pairing that keeps each expert's load; grey: never together.",
+                   "the count with random pairing that keeps each expert's load; grey: seen in fewer than "
+                   f"{co['min_count']:,} tokens ({_support()} of the trace: the minimum support for a lift).",
                    "co-activation heatmap")
 
 
@@ -282,7 +289,8 @@ def _layer_table(res: dict) -> str:
         ("max/mean", imb["max_over_mean"], "{:.2f}"), ("CV", imb["cv"], "{:.3f}"), ("Gini", imb["gini"], "{:.3f}"),
         ("top-10% share", imb["top10_share"], "{:.1%}"), ("PD Pearson", pd["pearson"], "{:.3f}"),
         ("PD Spearman", pd["spearman"], "{:.3f}"), (f"PD top-{pd['top_n']}", pd["top_n_overlap"], "{:.1%}"),
-        ("decode overlap", tm["decode_overlap"], "{:.1%}"), ("max pair lift", co["max_lift"], "{:.1f}"),
+        ("decode overlap", tm["decode_overlap"], "{:.1%}"), (f"max pair lift (&ge; {_support()} tokens)",
+                                                             co["max_lift"], "{:.1f}"),
         ("l->l+1 follow", follow, "{:.1%}"),
     ]
     cols = [c for c in cols if c[1] is not None and any(v is not None for v in c[1])]
@@ -340,7 +348,9 @@ def _pairs_section(res: dict, labels: list[str]) -> str:
     if co["top_pairs"] is not None:
         n = co["min_count"]
         parts += ["<h3>Most frequent pairs in one token's top-k</h3>", _pairs_table(co["top_pairs"], "&harr;", labels),
-                  f"<h3>Highest-lift pairs (seen in at least {n} token{'' if n == 1 else 's'})</h3>",
+                  f"<h3>Highest-lift pairs (seen in at least {n:,} token{'' if n == 1 else 's'})</h3>",
+                  f"<p class='note'>Only pairs seen in at least {_support()} of the tokens rank by lift: a pair seen "
+                  "in a handful of tokens can have a lift in the thousands by chance.</p>",
                   _pairs_table(co["top_lift_pairs"], "&harr;", labels)]
     if il["top_pairs"] is not None:
         parts += ["<h3>Highest-lift layer-to-layer pairs</h3>", _pairs_table(il["top_lift_pairs"], "&rarr;", labels)]

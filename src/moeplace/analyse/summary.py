@@ -48,6 +48,7 @@ DEFAULT_CHUNK_TOKENS = 65536
 DEFAULT_WINDOW_TOKENS = 16384
 DEFAULT_MAX_REQUEST_BYTES = 1 << 30  # per-request count vectors: S x 2 x L x E float32 within this budget
 NUM_TOP_PAIRS = 20
+MIN_PAIR_SUPPORT = 0.01  # a pair ranks by lift (and heads the report) only if seen in >= 1% of tokens
 STAT_KEYS = ("max_over_mean", "cv", "gini", "top10_share")
 
 
@@ -300,7 +301,7 @@ def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool) ->
         unavailable["prefill_decode"] = "no request has both prefill and decode tokens" + (
             "" if n_tokens["prefill"] else " (the trace has no prefill tokens)")
 
-    min_count = max(1, math.ceil(1e-4 * T))
+    min_count = max(1, math.ceil(MIN_PAIR_SUPPORT * T))  # few-token pairs have huge, meaningless lifts
     layer = params["coactivation_layer"]
     if K >= 2 and T:
         lift = coactivation_lift(acc.coact, load)
@@ -438,7 +439,8 @@ def format_summary(res: dict) -> str:
     if top:
         p = top[0]
         rows.append(("strongest co-activation", f"lift {p['lift']:.1f}",
-                     f"layer {p['layer']}, experts {p['experts'][0]}+{p['experts'][1]} ({p['count']:,.0f} tokens)"))
+                     f"layer {p['layer']}, experts {p['experts'][0]}+{p['experts'][1]} ({p['count']:,.0f} tokens; "
+                     f"among pairs in >= {MIN_PAIR_SUPPORT:.0%} of tokens)"))
     w = max(len(r[0]) for r in rows)
     for name, val, note in rows:
         lines.append(f"  {name:<{w}}  {val:>8}  {note}")
