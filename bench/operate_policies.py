@@ -36,7 +36,7 @@ from common import BenchRun
 
 from moeplace.operate import SGLANG_REBALANCE_STEPS, OperateConfig, operate
 from moeplace.operate.service import open_stream
-from moeplace.presets import cluster_from_spec
+from moeplace.deploy import parse_cluster
 from moeplace.simulate import BatchConfig
 from moeplace.workloads import Burst, DailyCycle, MixSchedule, Phase
 
@@ -132,7 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     run = BenchRun("operate_policies", baseline=f"periodic EPLB every {SGLANG_REBALANCE_STEPS} steps (SGLang's "
                    "default), with and without vLLM's slot preservation; static and threshold EPLB")
-    cluster = cluster_from_spec("4", "h200-8")
+    cluster = parse_cluster("4", "h200-8")
     results: dict = {}
     for name, (trace, order, kw) in streams(args.streams.split(",")).items():
         preset = "instella-moe-16b-a3b" if trace == FINE_GRAINED else "gpt-oss-20b"

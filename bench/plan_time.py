@@ -28,7 +28,7 @@ from common import BenchRun
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
 FINE_GRAINED = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
-FG_HIDDEN = 2048  # Instella-MoE-16B-A3B (64 routed experts, top-6, 2 shared): moeplace.presets
+FG_HIDDEN = 2048  # Instella-MoE-16B-A3B (64 routed experts, top-6, 2 shared): moeplace.deploy
 STRATEGIES = ["eplb", "activation-clusters", "joint"]
 
 
@@ -42,9 +42,8 @@ def main() -> int:
     args = ap.parse_args()
     run = BenchRun("plan_time", baseline="eplb (its placement, round-robin homes), scored in the same run")
 
+    from moeplace.deploy import get_cluster_preset, parse_cluster
     from moeplace.evaluate import compare
-    from moeplace.placement import Cluster
-    from moeplace.presets import get_cluster_preset
     from moeplace.simulate import CostConfig
     from moeplace.trace import read_trace
 
@@ -60,9 +59,8 @@ def main() -> int:
     results: dict = {}
     for wname, trace, hidden in workloads:
         for spec in args.clusters.split(","):
-            c = Cluster.parse(spec)
-            cluster = Cluster(c.num_nodes, c.gpus_per_node, h200.intra_bw, h200.inter_bw, h200.intra_latency,
-                              h200.inter_latency, h200.expert_flops, h200.hbm_bw, h200.compute_overhead)
+            c = parse_cluster(spec)
+            cluster = h200.hardware.cluster(c.num_nodes, c.gpus_per_node)
             for mode in ("auto", "deepep-normal"):
                 t0 = time.perf_counter()
                 cost = CostConfig(hidden_size=hidden or trace.meta.hidden_size, mode=mode)

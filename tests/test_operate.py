@@ -24,7 +24,7 @@ from moeplace.operate.policies import replicate_first
 from moeplace.operate.streams import memory_windows
 from moeplace.placement import Cluster, Plan
 from moeplace.plan.eplb import replicate_experts
-from moeplace.presets import cluster_from_spec
+from moeplace.deploy import parse_cluster
 from moeplace.simulate import BatchConfig, CostConfig, simulate
 from moeplace.trace import TraceMeta, TraceWriter, read_trace
 
@@ -208,7 +208,7 @@ def test_drift_phases_follow_their_mix():
 def test_static_loop_time_equals_the_simulator_on_the_whole_stream():
     """gpt-oss-20b sample (decode only): windows of whole decode batches form the same micro-batches as one
     replay of the trace, so the loop's summed layer time must equal the simulator's."""
-    c = cluster_from_spec("2", "h200-8")
+    c = parse_cluster("2", "h200-8")
     cfg = OperateConfig(c, num_redundant=16, window_requests=16, batching=BatchConfig(decode_batch=8))
     res = operate(trace_stream(GPT_OSS_SAMPLE, 16), cfg, "static")
     assert res.rebalances == 0 and res.migration_bytes == 0 and res.total_time_s == res.layer_time_s
@@ -221,7 +221,7 @@ def test_static_loop_time_equals_the_simulator_on_the_whole_stream():
 
 
 def test_policies_change_plans_and_account_migrations(tmp_path):
-    c = cluster_from_spec("2", "h200-8")
+    c = parse_cluster("2", "h200-8")
     cfg = OperateConfig(c, num_redundant=16, window_requests=16, batching=BatchConfig(decode_batch=8))
     out = {}
     runs = (("periodic", {"period_steps": 400}), ("moeplace", {"horizon_steps": 10**6}),
@@ -248,7 +248,7 @@ def test_policies_change_plans_and_account_migrations(tmp_path):
 
 
 def test_metrics_endpoint_names_and_values():
-    c = cluster_from_spec("2", "h200-8")
+    c = parse_cluster("2", "h200-8")
     cfg = OperateConfig(c, num_redundant=16, window_requests=16, batching=BatchConfig(decode_batch=8))
     m = OperateMetrics()
     srv = MetricsServer(m, 0)

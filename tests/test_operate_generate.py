@@ -15,7 +15,7 @@ import pytest
 
 from moeplace.cli import main
 from moeplace.operate import OperateConfig, operate, trace_stream
-from moeplace.presets import cluster_from_spec
+from moeplace.deploy import parse_cluster
 from moeplace.simulate import BatchConfig
 from moeplace.trace import read_trace
 
@@ -66,7 +66,7 @@ def test_live_loop_equals_replay_of_the_recorded_trace(runs):
     d, n, _ = runs
     live = json.loads((d / "live.json").read_text())
     assert live["params"]["stream"]["source"] == "live" and live["stream"].startswith("live generate of ")
-    cfg = OperateConfig(cluster_from_spec("2x4", None), 0, WINDOW, SAMPLE, model_preset="gpt-oss-20b",
+    cfg = OperateConfig(parse_cluster("2x4", None), 0, WINDOW, SAMPLE, model_preset="gpt-oss-20b",
                         batching=BatchConfig(WINDOW, BatchConfig().prefill_tokens))
     rep = operate(trace_stream(d / "rec.trace", WINDOW, "table"), cfg, "threshold", threshold=0.99).to_json()
     assert len(live["windows"]) == n // WINDOW

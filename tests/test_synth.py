@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moeplace.cli import main
-from moeplace.presets import MODEL_PRESETS, cluster_from_spec, find_model, get_model
+from moeplace.deploy import MODEL_PRESETS, find_model, get_model, parse_cluster
 from moeplace.synth import SynthConfig, generate_batches
 from moeplace.trace.store import read_meta, read_trace
 
@@ -82,7 +82,7 @@ def test_presets_match_published_configs():
         assert len(p.moe_layer_map) == p.num_layers and max(p.moe_layer_map) < p.num_model_layers
     assert find_model("/models/openai/gpt-oss-120b").name == "gpt-oss-120b"
     assert find_model("unknown-model") is None
-    c = cluster_from_spec("4", "h200-8")
+    c = parse_cluster("4", "h200-8")
     assert (c.world_size, c.intra_bw, c.inter_bw) == (32, 450e9, 50e9)
     with pytest.raises(ValueError, match="preset"):
         get_model("nope")

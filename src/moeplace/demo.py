@@ -56,18 +56,18 @@ def in_users_terms(cmp: dict, nodes: int, gpus_per_node: int, links: str, hidden
 def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     """Run the pipeline of the module docstring; ``say`` gets every line to show. Returns {"compare": ...,
     "outputs": [paths written]}."""
+    from moeplace.analyse.report import write_report
     from moeplace.analyse.summary import analyse_trace, format_summary
+    from moeplace.deploy import get_cluster_preset, parse_cluster
     from moeplace.evaluate import compare, format_table
     from moeplace.plan import MOE_STRATEGIES, get_strategy, make_plan
     from moeplace.plan.base import workload_from_trace
     from moeplace.plan.export import export_plan
-    from moeplace.presets import cluster_from_spec, get_cluster_preset
-    from moeplace.analyse.report import write_report
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.store import trace_info
 
-    cluster = cluster_from_spec(cfg.cluster, cfg.cluster_preset)
+    cluster = parse_cluster(cfg.cluster, cfg.cluster_preset)
     names = list(cfg.strategies) or list(MOE_STRATEGIES)
     for n in [*names, cfg.export_strategy]:
         get_strategy(n)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import ndtri
 
-from moeplace.presets import ModelPreset, get_model
+from moeplace.deploy import ModelPreset, get_model
 from moeplace.trace.store import DECODE, PREFILL, TraceMeta, TraceWriter
 
 DOMAINS = ("code", "math", "chat", "general", "science", "writing", "multilingual", "reasoning")

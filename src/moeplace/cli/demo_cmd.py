@@ -12,7 +12,7 @@ from pathlib import Path
 from moeplace.cli import MAX_REDUNDANT, float_in, int_in, output_dir
 from moeplace.data import default_trace_path
 from moeplace.demo import DemoConfig, run_demo
-from moeplace.presets import CLUSTER_PRESETS
+from moeplace.deploy import CLUSTER_PRESETS
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -6,16 +6,59 @@ from __future__ import annotations
 
 import argparse
 
-from moeplace.cli import MAX_REDUNDANT, device_spec, float_in, int_in, output_dir, output_file
+from moeplace.cli import (MAX_REDUNDANT, CliError, device_spec, float_in, int_in, output_dir, output_file,
+                          param_type)
+
+
+POLICY_DEST = "policy_param_"  # argparse dest prefix of the flags generated from the policies' parameters
+
+
+def policy_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The policy parameters given on the command line; CliError (exit 2, one line) naming a flag the chosen
+    policy does not declare."""
+    from moeplace.operate.policies import POLICIES, policy_params
+
+    given = {k[len(POLICY_DEST):]: v for k, v in vars(args).items() if k.startswith(POLICY_DEST)}
+    spec = POLICIES[args.policy]
+    takes = {p.name for p in spec.params}
+    for name in given:
+        if name not in takes:
+            flags = ", ".join(p.flag for p in spec.params) or "none"
+            raise CliError(f"{policy_params()[name].flag} is not a parameter of policy {args.policy!r} (its "
+                           f"flags: {flags}; see --list-policies)")
+    return given
+
+
+class ListPolicies(argparse.Action):
+    """``--list-policies``: every policy, its summary and its parameters; exits 0 (as --help)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(format_policies())
+        parser.exit(0)
+
+
+def format_policies() -> str:
+    """The policy registry as text: one line per policy, one per parameter (flag, help, type, range, default)."""
+    from moeplace.operate.policies import POLICIES
+
+    lines = []
+    for s in POLICIES.values():
+        lines.append(f"{s.name:18s} {s.summary}")
+        lines += [f"  {p.flag:16s} {p.describe()}" for p in s.params]
+    return "\n".join(lines)
 
 
 def cmd_operate(args: argparse.Namespace) -> int:
     from moeplace.operate import OperateConfig
     from moeplace.operate.service import open_stream, run
-    from moeplace.presets import cluster_from_spec
+    from moeplace.deploy import parse_cluster
     from moeplace.simulate import BatchConfig
 
-    cfg = OperateConfig(cluster_from_spec(args.cluster, args.cluster_preset), args.redundant, args.window_requests,
+    params = policy_flags(args)  # before any work: a flag the policy does not take is exit 2
+    cfg = OperateConfig(parse_cluster(args.cluster, args.cluster_preset), args.redundant, args.window_requests,
                         args.sample_every, args.capacity_factor, args.model_preset, args.weight_bytes,
                         BatchConfig(args.decode_batch, args.prefill_tokens), args.rule, args.dedup,
                         args.step_seconds)
@@ -38,13 +81,6 @@ def cmd_operate(args: argparse.Namespace) -> int:
             schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), str(args.schedule))
         stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
                              schedule, args.stream_requests, args.stream_key)
-    params = {}
-    if args.period_steps is not None:
-        params["period_steps"] = args.period_steps
-    if args.threshold is not None:
-        params["threshold"] = args.threshold
-    if args.horizon_steps is not None:
-        params["horizon_steps"] = args.horizon_steps
     print(f"stream: {stream.label}", flush=True)
     res = run(stream, cfg, args.policy, args.out, args.json, args.metrics_port, args.linger,
               on_start=lambda url: print(f"metrics on {url}/metrics, dashboard on {url}/", flush=True), **params)
@@ -58,7 +94,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from moeplace.operate.policies import POLICIES
+    from moeplace.operate.policies import POLICIES, policy_params
     from moeplace.operate.service import STREAM_ORDERS
     from moeplace.simulate import RULES, BatchConfig
 
@@ -66,7 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "operate", help="live loop: counters, Prometheus metrics, dashboard, rebalance policy, migration plans",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="policies:\n" + "\n".join(f"  {k:18s} {v[0]}" for k, v in POLICIES.items()) + "\n\nexample:\n"
+        epilog="policies (--list-policies for their parameters):\n"
+        + "\n".join(f"  {s.name:18s} {s.summary}" for s in POLICIES.values()) + "\n\nexample:\n"
         "  moeplace operate src/moeplace/data/reference-default.trace --order drift --cluster 4 "
         "--cluster-preset h200-8 --redundant 32 --model-preset gpt-oss-20b --policy moeplace --json out.json\n"
         "  moeplace operate --source live --model reference --prompts builtin --max-requests 64 --max-new-tokens 32 "
@@ -99,15 +136,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-requests", type=int_in(1, 1 << 24), default=1000,
                    help="--order drift: requests per phase (one phase per domain)")
     p.add_argument("--cluster", required=True, help="NODESxGPUS, or nodes with --cluster-preset")
-    p.add_argument("--cluster-preset", help="links and GPU speed (moeplace.presets), e.g. h200-8")
+    p.add_argument("--cluster-preset", help="links and GPU speed (moeplace.deploy), e.g. h200-8")
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0, help="redundant slots per layer")
-    p.add_argument("--policy", choices=list(POLICIES), default="moeplace")
-    p.add_argument("--period-steps", type=int_in(1, 1 << 40), help="periodic: steps between rebalances "
-                   "(default SGLang's 1000)")
-    p.add_argument("--threshold", type=float_in(0, 1, lo_open=True), help="threshold: balancedness below which "
-                   "to rebalance (default 0.5)")
-    p.add_argument("--horizon-steps", type=int_in(1, 1 << 40), help="moeplace: steps a change must pay back "
-                   "over (default 1000)")
+    p.add_argument("--policy", choices=list(POLICIES), default="moeplace", help="rebalance policy (default "
+                   "moeplace; --list-policies shows each one's parameters)")
+    p.add_argument("--list-policies", action=ListPolicies, help="list the policies and their parameters, and exit")
+    g = p.add_argument_group("policy parameters", "each applies to the policies that declare it "
+                             "(--list-policies); a flag the chosen policy does not declare is an error")
+    for prm in policy_params().values():
+        users = ", ".join(s.name for s in POLICIES.values() if prm in s.params)
+        g.add_argument(prm.flag, dest=POLICY_DEST + prm.name, type=param_type(prm), default=argparse.SUPPRESS,
+                       metavar=prm.type.__name__.upper(), help=f"{users}: {prm.describe()}")
     p.add_argument("--window-requests", type=int_in(1, 1 << 24), default=256, help="requests per window")
     p.add_argument("--decode-batch", type=int_in(1, 1 << 24), default=b.decode_batch)
     p.add_argument("--prefill-tokens", type=int_in(1, 1 << 24), default=b.prefill_tokens)

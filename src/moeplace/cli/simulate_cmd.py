@@ -15,9 +15,9 @@ from moeplace.simulate.kernels import MODES
 def _cluster(args: argparse.Namespace) -> Cluster | None:
     if args.cluster is None:
         return None
-    from moeplace.presets import cluster_from_spec
+    from moeplace.deploy import parse_cluster
 
-    return cluster_from_spec(args.cluster, args.cluster_preset)
+    return parse_cluster(args.cluster, args.cluster_preset)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

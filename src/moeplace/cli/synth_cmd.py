@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from moeplace.cli import float_in, int_in, output_dir
-from moeplace.presets import MODEL_PRESETS
+from moeplace.deploy import MODEL_PRESETS
 from moeplace.synth import SynthConfig, synthesize
 
 

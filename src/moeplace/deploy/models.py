@@ -1,15 +1,13 @@
-"""Named presets: frontier MoE models (published configurations) and GPU clusters (links and speeds).
+"""Model presets: the routing-relevant sizes of frontier MoE models (published configurations).
 
 Every model preset copies its numbers from the model's public ``config.json``; docs/PRESETS.md lists the source
 of each. Workloads generated from these presets (:mod:`moeplace.synth`) are synthetic and labelled so.
-Cluster presets give per-node GPU counts and per-GPU link speeds; choose the number of nodes when you use one.
+GPU systems (links and speeds) are in :mod:`moeplace.deploy.hardware`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-from moeplace.placement import Cluster
 
 
 @dataclass(frozen=True)
@@ -78,66 +76,3 @@ def find_model(model: str) -> ModelPreset | None:
             return p
     hits = [p for p in MODEL_PRESETS.values() if p.hf_id.split("/")[-1].lower() in m or p.name in m]
     return max(hits, key=lambda p: len(p.hf_id)) if hits else None
-
-
-@dataclass(frozen=True)
-class ClusterPreset:
-    """Per-node shape and per-GPU links of a GPU system (numbers are per direction)."""
-
-    name: str
-    gpus_per_node: int  # G
-    intra_bw: float  # bytes/s per GPU inside a node (scale-up: NVLink / Infinity Fabric)
-    inter_bw: float  # bytes/s per GPU between nodes (scale-out NIC per GPU)
-    intra_latency: float  # seconds per message (alpha) inside a node
-    inter_latency: float  # seconds per message between nodes
-    expert_flops: float  # achieved FLOP/s per GPU on expert GEMMs (an assumption: about half of dense peak)
-    hbm_bw: float  # bytes/s of HBM per GPU (vendor spec sheet; docs/PRESETS.md gives each source)
-    note: str = ""
-    compute_overhead: float = 5e-6  # seconds per expert-compute kernel (launch and tail; an assumption)
-
-    def cluster(self, num_nodes: int) -> Cluster:
-        return Cluster(num_nodes, self.gpus_per_node, self.intra_bw, self.inter_bw, self.intra_latency,
-                       self.inter_latency, self.expert_flops, self.hbm_bw, self.compute_overhead)
-
-
-GB = 1e9
-CLUSTER_PRESETS: dict[str, ClusterPreset] = {c.name: c for c in (
-    ClusterPreset("h100-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 3350 * GB,
-                  "DGX/HGX H100: NVLink 4 900 GB/s bidirectional; one 400 Gb/s ConnectX-7 NDR NIC per GPU"),
-    ClusterPreset("h200-8", 8, 450 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 4800 * GB,
-                  "HGX H200: same NVLink 4 and 400 Gb/s NDR per GPU as H100; more HBM"),
-    ClusterPreset("h800-8", 8, 200 * GB, 50 * GB, 3e-6, 10e-6, 400e12, 3350 * GB,
-                  "H800 (DeepSeek's training cluster): NVLink 400 GB/s bidirectional, 400 Gb/s IB per GPU"),
-    ClusterPreset("a100-8", 8, 300 * GB, 25 * GB, 3e-6, 10e-6, 150e12, 2039 * GB,
-                  "DGX A100: NVLink 3 600 GB/s bidirectional; one 200 Gb/s HDR NIC per GPU"),
-    ClusterPreset("b200-8", 8, 900 * GB, 50 * GB, 3e-6, 10e-6, 1000e12, 8000 * GB,
-                  "HGX B200: NVLink 5 1.8 TB/s bidirectional; 400 Gb/s NIC per GPU (800 Gb/s with CX-8: use inter_bw)"),
-    ClusterPreset("gb200-nvl72", 72, 900 * GB, 100 * GB, 3e-6, 10e-6, 1000e12, 8000 * GB,
-                  "GB200 NVL72: 72 GPUs in one NVLink domain; 800 Gb/s ConnectX-8 per GPU between racks"),
-    ClusterPreset("mi300x-8", 8, 448 * GB, 50 * GB, 4e-6, 10e-6, 500e12, 5300 * GB,
-                  "AMD MI300X platform: 7 Infinity Fabric links x 64 GB/s per direction; 400 Gb/s NIC per GPU"),
-)}
-
-
-def get_cluster_preset(name: str) -> ClusterPreset:
-    try:
-        return CLUSTER_PRESETS[name.lower()]
-    except KeyError:
-        raise ValueError(f"cluster preset {name!r}: expected one of {sorted(CLUSTER_PRESETS)}") from None
-
-
-def cluster_from_spec(spec: str, preset: str | None = None) -> Cluster:
-    """A cluster from ``"NxG"`` (default links), a preset name (1 node), or nodes (``"4"`` / ``"4xG"``) + a preset."""
-    s = str(spec).strip().lower()
-    if preset is None:
-        if s in CLUSTER_PRESETS:
-            return CLUSTER_PRESETS[s].cluster(1)
-        return Cluster.parse(s)
-    cp = get_cluster_preset(preset)
-    if s.isdigit():
-        return cp.cluster(int(s))
-    c = Cluster.parse(s)
-    if c.gpus_per_node != cp.gpus_per_node:
-        raise ValueError(f"cluster {spec!r}: preset {preset} has {cp.gpus_per_node} GPUs per node, not "
-                         f"{c.gpus_per_node}")
-    return cp.cluster(c.num_nodes)

@@ -34,7 +34,7 @@ from moeplace.operate.policies import Context, Observation, Policy, PolicyState,
 from moeplace.operate.streams import Stream
 from moeplace.placement import Cluster, ModelLayers, Placement, Plan
 from moeplace.plan.export import export_plan, layers_of_trace
-from moeplace.presets import ModelPreset, find_model, get_model
+from moeplace.deploy import ModelPreset, find_model, get_model
 from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
 from moeplace.simulate.routing import mean_balancedness
 

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from moeplace.placement import Cluster
-from moeplace.presets import ModelPreset
+from moeplace.deploy import ModelPreset
 
 
 def expert_bytes(preset: ModelPreset, weight_bytes: float = 2.0) -> float:
