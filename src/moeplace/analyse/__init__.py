@@ -9,50 +9,13 @@ Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, R = re
 - :mod:`moeplace.analyse.reference` keeps plain for-loop versions to test the vectorised ones against.
 """
 
-from moeplace.analyse.accumulate import TokenAccumulator
-from moeplace.analyse.stats import (
-    coactivation_counts,
-    coactivation_lift,
-    follow_share,
-    gini,
-    interlayer_counts,
-    interlayer_lift,
-    js_divergence,
-    load_stats,
-    normalise,
-    pairwise_js,
-    prefill_decode_correlation,
-    row_pearson,
-    row_spearman,
-    shared_experts,
-    softmax_regression_accuracy,
-    stratified_split,
-    top_n_overlap,
-    top_pairs,
-)
-from moeplace.analyse.summary import SCHEMA_VERSION, analyse_trace, to_json
+from moeplace.lazy import lazy_exports
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "TokenAccumulator",
-    "analyse_trace",
-    "coactivation_counts",
-    "coactivation_lift",
-    "follow_share",
-    "gini",
-    "interlayer_counts",
-    "interlayer_lift",
-    "js_divergence",
-    "load_stats",
-    "normalise",
-    "pairwise_js",
-    "prefill_decode_correlation",
-    "row_pearson",
-    "row_spearman",
-    "shared_experts",
-    "softmax_regression_accuracy",
-    "stratified_split",
-    "to_json",
-    "top_n_overlap",
-    "top_pairs",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "accumulate": ("TokenAccumulator",),
+    "stats": ("coactivation_counts", "coactivation_lift", "follow_share", "gini", "interlayer_counts",
+              "interlayer_lift", "js_divergence", "load_stats", "normalise", "pairwise_js",
+              "prefill_decode_correlation", "row_pearson", "row_spearman", "shared_experts",
+              "softmax_regression_accuracy", "stratified_split", "top_n_overlap", "top_pairs"),
+    "summary": ("SCHEMA_VERSION", "analyse_trace", "to_json"),
+})

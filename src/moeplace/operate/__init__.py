@@ -9,10 +9,10 @@ rebalance policy -> migration plan and engine exports (docs/OPERATE.md).
 - :mod:`.metrics`: Prometheus metrics, the HTTP endpoint and the live dashboard.
 """
 
-from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, WindowReport, operate
-from moeplace.operate.policies import POLICIES, SGLANG_REBALANCE_STEPS, make_policy
-from moeplace.operate.streams import Phase, Stream, default_phases, drift_stream, drift_trace, trace_stream
+from moeplace.lazy import lazy_exports
 
-__all__ = ["POLICIES", "SGLANG_REBALANCE_STEPS", "OperateConfig", "OperateError", "OperateResult", "Phase",
-           "Stream", "WindowReport", "default_phases", "drift_stream", "drift_trace", "make_policy", "operate",
-           "trace_stream"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "loop": ("OperateConfig", "OperateError", "OperateResult", "WindowReport", "operate"),
+    "policies": ("POLICIES", "SGLANG_REBALANCE_STEPS", "make_policy"),
+    "streams": ("Phase", "Stream", "default_phases", "drift_stream", "drift_trace", "trace_stream"),
+})

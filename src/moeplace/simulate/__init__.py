@@ -9,31 +9,22 @@
 - :mod:`~moeplace.simulate.kernel_bench`: DeepEP's kernel benchmarks priced by the simulator (predict-kernel).
 - :mod:`~moeplace.simulate.loops`: the compiled loops behind routing.
 - :mod:`~moeplace.simulate.result`: :class:`SimResult`, :class:`PhaseResult` and their JSON.
+- :mod:`~moeplace.simulate.config`: :class:`CostConfig`, :class:`BatchConfig`, rule and kernel names (no numpy).
 - :func:`simulate`: stream a trace through all of it.
+
+Names load on first use (:mod:`moeplace.lazy`): importing the package, or its config, costs no numpy.
 """
 
-from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
-from moeplace.simulate.cost import CostConfig
-from moeplace.simulate.result import PhaseResult, SimResult
-from moeplace.simulate.routing import (
-    BALANCED_RULES,
-    DEDUP_MODES,
-    DEFAULT_RULE,
-    RULES,
-    ReplicaCosts,
-    RouteTables,
-    assign_slots,
-    balancedness,
-    build_route_tables,
-    link_counts,
-    token_sends,
-    two_hop_matrix,
-)
-from moeplace.simulate.simulator import simulate
+from moeplace.lazy import lazy_exports
 
 PHASE_NAMES = ("prefill", "decode")
 
-__all__ = ["BALANCED_RULES", "DEDUP_MODES", "DEFAULT_RULE", "PHASE_NAMES", "RULES", "BatchConfig", "CostConfig",
-           "Layout", "PhaseResult", "ReplicaCosts", "RouteTables", "SimResult", "assign_slots", "balancedness",
-           "build_route_tables", "build_layout", "link_counts", "microbatch_ids", "rows_of", "simulate",
-           "token_sends", "two_hop_matrix"]
+__getattr__, __dir__, _names = lazy_exports(__name__, {
+    "batching": ("Layout", "build_layout", "microbatch_ids", "rows_of"),
+    "config": ("BALANCED_RULES", "DEDUP_MODES", "DEFAULT_RULE", "RULES", "BatchConfig", "CostConfig"),
+    "result": ("PhaseResult", "SimResult"),
+    "routing": ("ReplicaCosts", "RouteTables", "assign_slots", "balancedness", "build_route_tables", "link_counts",
+                "token_sends", "two_hop_matrix"),
+    "simulator": ("simulate",),
+})
+__all__ = ["PHASE_NAMES", *_names]

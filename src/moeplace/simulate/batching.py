@@ -16,25 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeplace.simulate.config import BatchConfig
 from moeplace.trace.store import DECODE, PREFILL, Requests, Trace, iter_light_columns
 
 DECODE_WINDOW_SHIFT = 32  # decode micro-batch id = window << 32 | step
-
-
-@dataclass(frozen=True)
-class BatchConfig:
-    """How trace tokens form micro-batches (one forward pass each). See docs/SIMULATOR.md."""
-
-    decode_batch: int = 256  # requests per decode window: decode micro-batch = the i-th decode token of each
-    prefill_tokens: int = 8192  # prefill token budget: prompts laid end to end in request order, cut every budget
-
-    def __post_init__(self) -> None:
-        for name in ("decode_batch", "prefill_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"batching: {name} must be a positive integer, got {v!r}")
-
-
 
 
 @dataclass

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.placement import Cluster
-from moeplace.simulate.kernels import AUTO_MODE, KERNELS, MODES, expert_seconds, kernel_seconds, overlapped_seconds
+from moeplace.simulate.config import CostConfig
+from moeplace.simulate.kernels import AUTO_MODE, KERNELS, expert_seconds, kernel_seconds, overlapped_seconds
 from moeplace.simulate.links import comm_seconds, dispatch_vector_bytes
 from moeplace.simulate.routing import COUNT_NAMES, DEDUP_MODES
 
@@ -52,39 +53,6 @@ from moeplace.simulate.routing import COUNT_NAMES, DEDUP_MODES
 PAIR_COUNT_NAMES = ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")
 
 # --------------------------------------------------------------------------------------------------- configs
-
-
-@dataclass(frozen=True)
-class CostConfig:
-    """What one send and one token-expert pair cost, and which kernel time model a layer time uses."""
-
-    hidden_size: int | None = None  # elements per token vector; None -> the trace's metadata
-    dispatch_bytes: float = 1.0  # bytes per element sent by dispatch (1 = fp8)
-    combine_bytes: float = 2.0  # bytes per element returned by combine (2 = bf16)
-    pair_flops: float | None = None  # FLOPs of one token-expert pair; None -> 6 * hidden * intermediate
-    intermediate_size: int | None = None  # expert FFN width for default pair_flops; None -> model preset or hidden
-    mode: str = "auto"  # dispatch/combine kernel: nccl, deepep-normal, deepep-ll, auto (normal prefill, ll decode)
-    overlap: bool = False  # two-batch overlap of dispatch, expert compute and combine (module docstring)
-    scale_block: int = 128  # a quantized dispatch (dispatch_bytes < 2) carries one fp32 scale per block; 0: none
-    weight_bytes: float | None = None  # bytes per expert weight element; None -> model preset, else 2 (bf16)
-
-    def __post_init__(self) -> None:
-        hs = self.hidden_size
-        if hs is not None and (not isinstance(hs, (int, np.integer)) or hs < 1):
-            raise ValueError(f"cost: hidden_size must be a positive integer, got {self.hidden_size!r}")
-        for name in ("dispatch_bytes", "combine_bytes"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"cost: {name} must be > 0, got {getattr(self, name)!r}")
-        if self.pair_flops is not None and not self.pair_flops >= 0:
-            raise ValueError(f"cost: pair_flops must be >= 0, got {self.pair_flops!r}")
-        if self.intermediate_size is not None and self.intermediate_size < 1:
-            raise ValueError(f"cost: intermediate_size must be >= 1, got {self.intermediate_size!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"cost: mode {self.mode!r}: expected one of {MODES}")
-        if not isinstance(self.scale_block, (int, np.integer)) or self.scale_block < 0:
-            raise ValueError(f"cost: scale_block must be an integer >= 0, got {self.scale_block!r}")
-        if self.weight_bytes is not None and not self.weight_bytes > 0:
-            raise ValueError(f"cost: weight_bytes must be > 0, got {self.weight_bytes!r}")
 
 
 def default_intermediate(model: str) -> int | None:

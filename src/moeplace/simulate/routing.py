@@ -38,12 +38,9 @@ import numpy as np
 
 from moeplace.placement import log2phy_table
 from moeplace.simulate import loops
+from moeplace.simulate.config import BALANCED_RULES, DEDUP_MODES, DEFAULT_RULE, RULES  # noqa: F401  (re-exported)
 
-RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced")
-BALANCED_RULES = ("balanced-local", "balanced")  # chosen per micro-batch by :func:`balanced_gpus`
-DEFAULT_RULE = "nearest-least-loaded"
 COST_UNIT = 10**6  # locality costs are taken to 1e-6 of a pair (integer arithmetic keeps the solver exact)
-DEDUP_MODES = ("per_gpu", "two_hop")
 # last axis of :func:`link_counts`
 COUNT_NAMES = ("intra_gpu_sends", "intra_node_sends", "inter_node_sends", "max_message_sends", "busiest_intra",
                "busiest_inter")

@@ -1,43 +1,9 @@
 """Stage 1, trace: the trace store, capture from live models and importers of engine dumps."""
 
-from moeplace.trace.store import (
-    DECODE,
-    FORMAT_VERSION,
-    PHASES,
-    PREFILL,
-    Counts,
-    Requests,
-    TokenChunk,
-    Trace,
-    TraceError,
-    TraceMeta,
-    TraceWriter,
-    iter_token_chunks,
-    read_counts,
-    read_meta,
-    read_requests,
-    read_trace,
-    trace_info,
-    write_trace,
-)
+from moeplace.lazy import lazy_exports
 
-__all__ = [
-    "DECODE",
-    "FORMAT_VERSION",
-    "PHASES",
-    "PREFILL",
-    "Counts",
-    "Requests",
-    "TokenChunk",
-    "Trace",
-    "TraceError",
-    "TraceMeta",
-    "TraceWriter",
-    "iter_token_chunks",
-    "read_counts",
-    "read_meta",
-    "read_requests",
-    "read_trace",
-    "trace_info",
-    "write_trace",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "store": ("DECODE", "FORMAT_VERSION", "PHASES", "PREFILL", "Counts", "Requests", "TokenChunk", "Trace",
+              "TraceError", "TraceMeta", "TraceWriter", "iter_token_chunks", "read_counts", "read_meta",
+              "read_requests", "read_trace", "trace_info", "write_trace"),
+})

@@ -5,11 +5,13 @@
   :data:`KERNELS`, the one registry of kernel modes (its keys are the ``CostConfig.mode`` values besides "auto").
 - :mod:`~moeplace.simulate.kernels.expert`: the expert-compute roofline and the two-batch-overlap layer time.
 
-Adding a kernel is one module with a ``KERNEL`` and one entry in :data:`KERNELS`.
+Adding a kernel is one module with a ``KERNEL`` and one entry in :data:`KERNELS` (its name also in
+:data:`moeplace.simulate.config.KERNEL_NAMES`, which the CLI reads without importing numpy).
 """
 
 from __future__ import annotations
 
+from moeplace.simulate.config import AUTO_MODE, KERNEL_NAMES, MODES
 from moeplace.simulate.kernels import deepep_ll, deepep_normal, nccl
 from moeplace.simulate.kernels.base import KernelModel, kernel_seconds
 from moeplace.simulate.kernels.deepep_ll import DEEPEP_LL_ALPHA
@@ -17,9 +19,7 @@ from moeplace.simulate.kernels.deepep_normal import DEEPEP_NVLINK_EFF, DEEPEP_RD
 from moeplace.simulate.kernels.expert import expert_seconds, overlapped_seconds
 
 KERNELS: dict[str, KernelModel] = {k.name: k for k in (nccl.KERNEL, deepep_normal.KERNEL, deepep_ll.KERNEL)}
-AUTO_MODE = {"prefill": "deepep-normal", "decode": "deepep-ll"}  # mode "auto" per phase (SGLang's --deepep-mode)
-MODES = (*KERNELS, "auto")  # every CostConfig.mode
-assert set(AUTO_MODE.values()) <= set(KERNELS)
+assert tuple(KERNELS) == KERNEL_NAMES, "simulate.config.KERNEL_NAMES must list the kernels in KERNELS' order"
 
 __all__ = ["AUTO_MODE", "DEEPEP_LL_ALPHA", "DEEPEP_NVLINK_EFF", "DEEPEP_RDMA_EFF", "KERNELS", "MODES",
            "KernelModel", "expert_seconds", "kernel_seconds", "overlapped_seconds"]
