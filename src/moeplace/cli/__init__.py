@@ -96,6 +96,15 @@ def float_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False)
     return parse
 
 
+def param_type(p) -> Callable[[str], object]:
+    """The ``type=`` function of a declared parameter (:class:`moeplace.params.Param`): its type and range."""
+    if p.type is int:
+        return int_in(int(p.lo) if p.lo is not None else -(1 << 62), int(p.hi) if p.hi is not None else 1 << 62)
+    if p.type is float:
+        return float_in(-math.inf if p.lo is None else p.lo, math.inf if p.hi is None else p.hi, lo_open=p.lo_open)
+    return p.type
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
     return float_in(0.0, 1.0, lo_open=True)(text)

@@ -25,13 +25,15 @@ Every policy is called at the end of each window with what the loop observed and
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moeplace.operate.migration import match_gpus, migration_plan, preserve_slots
-from moeplace.placement import Cluster
-from moeplace.plan.eplb import rebalance, replicate_experts
+from moeplace.params import Param, bind, check_declared
+
+if TYPE_CHECKING:
+    from moeplace.placement import Cluster
 
 SGLANG_REBALANCE_STEPS = 1000  # SGLang's eplb_rebalance_num_iterations default (server_args.py)
 
@@ -71,6 +73,8 @@ class PolicyState:
 
 def eplb_map(load: np.ndarray, ctx: Context) -> np.ndarray:
     """int64 [L, P]: DeepSeek's EPLB for ``load`` [L, E] on the context's cluster."""
+    from moeplace.plan.eplb import rebalance
+
     c = ctx.cluster
     return rebalance(load, ctx.num_slots, ctx.num_groups, c.num_nodes, c.world_size)
 
@@ -102,6 +106,8 @@ class Periodic(Policy):
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
         if state.steps_since_change < self.period_steps:
             return None
+        from moeplace.operate.migration import preserve_slots
+
         new = eplb_map(state.load_since_change, ctx)
         return preserve_slots(state.phy2log, new, ctx.cluster.world_size) if self.preserve else new
 
@@ -123,6 +129,8 @@ def replicate_first(current: np.ndarray, load: np.ndarray, num_gpus: int) -> np.
     slots, hottest first, each on the least-loaded GPU that does not hold it yet. An expert's last replica never
     moves. A layer where no such assignment exists is left unchanged.
     """
+    from moeplace.plan.eplb import replicate_experts
+
     cur = np.asarray(current, np.int64)
     L, P = cur.shape
     E = load.shape[1]
@@ -195,6 +203,8 @@ class MoePlace(Policy):
     last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
 
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        from moeplace.operate.migration import match_gpus, migration_plan
+
         cur = state.phy2log
         L = cur.shape[0]
         W = ctx.cluster.world_size
@@ -228,19 +238,67 @@ class MoePlace(Policy):
         return new
 
 
-POLICIES: dict[str, tuple[str, Callable[..., Policy]]] = {
-    "static": ("never change the initial linear placement", Policy),
-    "static-eplb": ("EPLB from the first window, once", StaticEplb),
-    "periodic": (f"EPLB every N steps, map replaced whole (SGLang; N={SGLANG_REBALANCE_STEPS})", Periodic),
-    "periodic-preserve": ("periodic EPLB, experts staying on a GPU keep their slots (vLLM)",
-                          lambda **kw: Periodic(name="periodic-preserve", preserve=True, **kw)),
-    "threshold": ("EPLB when the window's balancedness falls below a threshold", Threshold),
-    "moeplace": ("ours: predicted gain minus migration cost, replicate first, minimal moves, layer chunks", MoePlace),
-}
+@dataclass(frozen=True)
+class PolicySpec:
+    """One registered policy: its class, the parameters a caller may set, and the fields it fixes."""
+
+    name: str
+    summary: str  # one line for the CLI
+    cls: type[Policy]
+    params: tuple[Param, ...] = ()  # what make_policy (and the CLI's flags) accept
+    fixed: tuple[tuple[str, object], ...] = ()  # fields set by the entry itself (periodic-preserve: preserve=True)
+
+
+PERIOD_STEPS = Param("period_steps", int, SGLANG_REBALANCE_STEPS, "steps between rebalances (SGLang's default)",
+                     1, 1 << 40)
+_ALL = (
+    PolicySpec("static", "never change the initial linear placement", Policy),
+    PolicySpec("static-eplb", "EPLB from the first window, once", StaticEplb),
+    PolicySpec("periodic", "EPLB every period_steps steps, map replaced whole (SGLang)", Periodic, (PERIOD_STEPS,),
+               (("preserve", False),)),
+    PolicySpec("periodic-preserve", "periodic EPLB, experts staying on a GPU keep their slots (vLLM)", Periodic,
+               (PERIOD_STEPS,), (("preserve", True),)),
+    PolicySpec("threshold", "EPLB when the window's balancedness falls below threshold", Threshold,
+               (Param("threshold", float, 0.5, "balancedness below which to rebalance", 0, 1, lo_open=True),)),
+    PolicySpec("moeplace", "ours: predicted gain minus migration cost, replicate first, minimal moves, layer chunks",
+               MoePlace,
+               (Param("horizon_steps", int, SGLANG_REBALANCE_STEPS, "steps a change must pay back over", 1, 1 << 40),
+                Param("margin", float, 2.0, "change a layer only when predicted gain >= margin x migration time",
+                      0, 1e6),
+                Param("chunk_layers", int, 0, "layers changed per decision at most (0: a quarter of the layers)",
+                      0, 1 << 20))),
+)
+POLICIES: dict[str, PolicySpec] = {s.name: s for s in _ALL}
+
+
+def policy_params() -> dict[str, Param]:
+    """Every declared parameter by name, over all policies (one name has one meaning: the CLI's flags)."""
+    out: dict[str, Param] = {}
+    for s in _ALL:
+        for p in s.params:
+            out.setdefault(p.name, p)
+    return out
+
+
+def _check_registry() -> None:
+    assert len(POLICIES) == len(_ALL), "duplicate policy name"
+    union = policy_params()
+    for s in _ALL:
+        check_declared(s.params, f"policy {s.name!r}")
+        defaults = {f.name: f.default for f in fields(s.cls) if f.default is not MISSING}
+        for p in s.params:
+            assert union[p.name] == p, f"parameter {p.name!r} declared two ways"
+            assert defaults.get(p.name, MISSING) == p.default, f"policy {s.name!r}: {p.name} default differs"
+        assert all(k in defaults for k, _ in s.fixed), f"policy {s.name!r}: a fixed key is not a field"
+
+
+_check_registry()
 
 
 def make_policy(name: str, **params: object) -> Policy:
-    """The policy ``name`` with ``params`` (its dataclass fields); ValueError listing the known names."""
+    """The policy ``name`` with ``params`` (its declared parameters, :data:`POLICIES`); ValueError naming the
+    policy and the unknown name, or the parameter the policy does not take, or a value out of range."""
     if name not in POLICIES:
         raise ValueError(f"policy {name!r}: expected one of {', '.join(POLICIES)}")
-    return POLICIES[name][1](**params)
+    s = POLICIES[name]
+    return s.cls(name=name, **dict(s.fixed), **bind(s.params, params, f"policy {name!r}"))
