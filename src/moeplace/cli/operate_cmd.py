@@ -151,7 +151,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-batch", type=int_in(1, 1 << 24), default=b.decode_batch)
     p.add_argument("--prefill-tokens", type=int_in(1, 1 << 24), default=b.prefill_tokens)
     p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=16, help="1-in-n sampling of the counters")
-    p.add_argument("--capacity-factor", type=float_in(0, 1e6, lo_open=True), default=1.25)
+    p.add_argument("--capacity-factor", type=float_in(0, 1e6, lo_open=True),
+                   help="count drops as a token-dropping engine would: pairs above floor(F x pairs / experts) per "
+                        "expert per micro-batch (default: dropless, as SGLang and vLLM serve; no drop metrics)")
     p.add_argument("--model-preset", help="model sizes for the time model and the expert bytes "
                    "(default: the trace's model)")
     p.add_argument("--weight-bytes", type=float_in(0, 64, lo_open=True), default=2.0,

@@ -5,10 +5,11 @@ Shape legend: T = token rows, L = MoE layers, K = top-k, E = logical experts, D 
 - **Expert counts** are sampled 1-in-n: the token rows whose running index (over the whole stream) is a multiple of
   ``sample_every`` are counted, split by the request's domain, and the estimate is ``n x`` the sampled counts (what
   a recorder with a sampling rate reports; it keeps the per-token work of the counters at 1/n).
-- **Drops** follow token-dropping engines: in each micro-batch and layer an expert takes at most
-  ``C = floor(capacity_factor x pairs / E)`` pairs; the pairs above C are dropped. Drops are counted on every
-  row (the dispatch kernel of an engine sees them all), never sampled. They depend on routing only, not on the
-  placement (a replica does not raise a logical expert's capacity in this definition).
+- **Drops** exist only with a capacity factor (None, the default, is dropless, as SGLang and vLLM serve: no
+  pair is dropped and no drop is counted). With one, as token-dropping engines do, in each micro-batch and layer
+  an expert takes at most ``C = floor(capacity_factor x pairs / E)`` pairs; the pairs above C are dropped. Drops
+  are counted on every row (the dispatch kernel of an engine sees them all), never sampled. They depend on routing
+  only, not on the placement (a replica does not raise a logical expert's capacity in this definition).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class WindowCounts:
     sample_every: int  # n of 1-in-n sampling
     tokens: np.ndarray  # int64 [D]: token rows per domain (all rows, not sampled)
     pairs: int  # token-expert pairs routed (all rows, summed over layers: T x L x K)
-    dropped: int  # pairs above capacity (all rows)
+    dropped: int | None  # pairs above capacity (all rows); None: dropless (no capacity factor)
     steps: int  # micro-batches (forward passes) of the window, prefill and decode
 
     @property
@@ -39,7 +40,10 @@ class WindowCounts:
         return self.sampled.sum(0).astype(np.float64) * self.sample_every
 
     @property
-    def drop_ratio(self) -> float:
+    def drop_ratio(self) -> float | None:
+        """Dropped / routed pairs; None when dropless."""
+        if self.dropped is None:
+            return None
         return self.dropped / self.pairs if self.pairs else 0.0
 
     def top_expert_share(self) -> np.ndarray:
@@ -50,16 +54,16 @@ class WindowCounts:
 
 
 def count_window(window: Trace, home: np.ndarray, batching: BatchConfig, sample_every: int = 16,
-                 capacity_factor: float = 1.25, first_row: int = 0) -> WindowCounts:
+                 capacity_factor: float | None = None, first_row: int = 0) -> WindowCounts:
     """Counters of one window (an in-memory per-token trace).
 
     home: int [Rq] home GPU of each request (table order) -- it fixes micro-batches only through the layout;
     first_row: running index of the window's first token row in the stream (keeps 1-in-n sampling aligned across
-    windows).
+    windows); capacity_factor: None (dropless) or the factor of the module docstring's drops.
     """
     if sample_every < 1:
         raise ValueError(f"sample_every must be >= 1, got {sample_every}")
-    if not capacity_factor > 0:
+    if capacity_factor is not None and not capacity_factor > 0:
         raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
     tk, req, meta = window.tokens, window.requests, window.meta
     L, E, K = meta.num_layers, meta.num_experts, meta.top_k
@@ -83,8 +87,8 @@ def count_window(window: Trace, home: np.ndarray, batching: BatchConfig, sample_
     _, b = np.unique(key, axis=0, return_inverse=True) if T else (None, np.zeros(0, np.int64))
     b = np.asarray(b).ravel()
     B = int(b.max()) + 1 if T else 0
-    dropped = 0
-    if T:
+    dropped = None if capacity_factor is None else 0
+    if T and capacity_factor is not None:
         cnt = np.bincount(((b[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids).ravel(),
                           minlength=B * L * E).reshape(B, L, E)
         cap = np.floor(capacity_factor * cnt.sum(2, keepdims=True) / E).astype(np.int64)

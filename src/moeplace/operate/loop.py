@@ -5,7 +5,8 @@ Shape legend: L = MoE layers, E = logical experts, P = physical slots, W = GPUs.
 
 For each window of the stream (:mod:`.streams`), in order:
 
-1. counters (:mod:`.counters`): sampled per-domain expert counts, drops above capacity;
+1. counters (:mod:`.counters`): sampled per-domain expert counts; drops above capacity only when a capacity factor
+   is set (the default is dropless, as SGLang and vLLM serve);
 2. the window replayed by the simulator (:func:`moeplace.simulate.simulate`) on the plan in force: per-GPU load,
    balancedness, inter-node bytes and the predicted MoE layer time (dispatch + compute + combine, per micro-batch);
 3. metrics for Prometheus and the dashboard (:mod:`.metrics`), when a sink is given;
@@ -53,7 +54,8 @@ class OperateConfig:
     num_redundant: int = 0  # R redundant slots per layer
     window_requests: int = 256  # requests per window (a multiple of batching.decode_batch keeps decode batches)
     sample_every: int = 16  # 1-in-n sampling of the expert counters
-    capacity_factor: float = 1.25  # drops: pairs above floor(cf x pairs / E) per expert per micro-batch
+    capacity_factor: float | None = None  # None: dropless; else pairs above floor(cf x pairs / E) per expert per
+    # micro-batch are dropped and counted (token-dropping engines)
     model_preset: str | None = None  # sizes for the time model and the expert bytes; None: the trace's model
     weight_bytes: float = 2.0  # bytes per expert parameter (2 = bf16)
     batching: BatchConfig = field(default_factory=BatchConfig)
@@ -74,17 +76,20 @@ class WindowReport:
     balancedness: float
     top_expert_share: float  # max over layers of the hottest expert's share of the sampled selections
     gpu_load: list[float]  # pairs per GPU, summed over layers
-    drop_ratio: float
-    dropped_pairs: int
     pairs: int
     inter_node_bytes: float
     layer_time_s: float
     plan_age_steps: int
     plan_version: int
     migration: dict | None = None  # summary of a change decided at the end of this window
+    drop_ratio: float | None = None  # dropped / routed pairs; None (and not in the JSON) when dropless
+    dropped_pairs: int | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.dropped_pairs is None:
+            del out["drop_ratio"], out["dropped_pairs"]
+        return out
 
 
 @dataclass
@@ -219,10 +224,10 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
             window=w, steps=steps, tokens=int(res.num_tokens),
             domains={d: int(n) for d, n in zip(counts.domains, counts.tokens.tolist(), strict=True)},
             balancedness=bal, top_expert_share=float(counts.top_expert_share().max()) if L else 0.0,
-            gpu_load=res.load.sum(0).astype(float).tolist(), drop_ratio=counts.drop_ratio,
-            dropped_pairs=counts.dropped, pairs=counts.pairs,
+            gpu_load=res.load.sum(0).astype(float).tolist(), pairs=counts.pairs,
             inter_node_bytes=float(res.bytes_per_microbatch(cfg.dedup, "inter_node").sum()),
-            layer_time_s=float(lt.sum()), plan_age_steps=steps - plan_since, plan_version=version)
+            layer_time_s=float(lt.sum()), plan_age_steps=steps - plan_since, plan_version=version,
+            drop_ratio=counts.drop_ratio, dropped_pairs=counts.dropped)
         obs = Observation(w, counts.steps, load, bal, lt, lambda p2l: run(p2l)[0])
         new = pol.decide(obs, state, ctx)
         if new is not None and not np.array_equal(new, state.phy2log):

@@ -6,13 +6,15 @@ One server on ``127.0.0.1:PORT`` (port 0: any free port) serves:
 - ``/``: the dashboard, plain HTML whose script polls ``/api/state`` every second and redraws itself;
 - ``/api/state``: the loop's state as JSON (the newest window, recent history, totals).
 
-Metrics (names, units and labels follow Prometheus conventions; gauges describe the newest window):
+Metrics (names, units and labels follow Prometheus conventions; gauges describe the newest window). The two drop
+metrics (``*``) exist only when the loop runs with a capacity factor: the default is dropless, as SGLang and vLLM
+serve, and a metric that is always 0 would only invite an alert on it:
 
 ==========================================  =======  ==============================================================
 ``moeplace_balancedness_ratio``             gauge    mean over layers of mean_g / max_g GPU load (SGLang's)
 ``moeplace_top_expert_share_ratio``         gauge    hottest expert's share of a layer's selections, max over layers
 ``moeplace_gpu_load_pairs{gpu}``            gauge    token-expert pairs each GPU computed, summed over layers
-``moeplace_drop_ratio``                     gauge    pairs above capacity / pairs
+``moeplace_drop_ratio`` *                   gauge    pairs above capacity / pairs
 ``moeplace_inter_node_per_token_bytes``     gauge    inter-node bytes per token (dispatch + combine, all layers)
 ``moeplace_plan_age_seconds``               gauge    wall-clock seconds since the plan in force was applied
 ``moeplace_plan_age_steps``                 gauge    forward passes since then
@@ -20,7 +22,7 @@ Metrics (names, units and labels follow Prometheus conventions; gauges describe 
 ``moeplace_tokens_total{domain}``           counter  tokens replayed, by domain
 ``moeplace_steps_total``                    counter  forward passes (micro-batches)
 ``moeplace_routed_pairs_total``             counter  token-expert pairs routed
-``moeplace_dropped_pairs_total``            counter  pairs above capacity
+``moeplace_dropped_pairs_total`` *          counter  pairs above capacity
 ``moeplace_inter_node_bytes_total``         counter  inter-node bytes
 ``moeplace_predicted_layer_seconds_total``  counter  predicted MoE layer time
 ``moeplace_migrations_total``               counter  plan changes
@@ -46,9 +48,10 @@ HISTORY = 300  # windows kept for the dashboard
 
 class OperateMetrics:
     """The metrics above in their own registry, and the state the dashboard shows. Thread-safe: the loop calls
-    :meth:`update`, the server threads read."""
+    :meth:`update`, the server threads read. ``drops``: register the drop metrics (the loop has a capacity
+    factor)."""
 
-    def __init__(self) -> None:
+    def __init__(self, drops: bool = False) -> None:
         r = self.registry = CollectorRegistry()
         self.balancedness = Gauge("moeplace_balancedness_ratio", "Mean over layers of mean/max GPU load of the "
                                   "newest window (SGLang's balancedness)", registry=r)
@@ -56,7 +59,8 @@ class OperateMetrics:
                                "in the newest window, max over layers", registry=r)
         self.gpu_load = Gauge("moeplace_gpu_load_pairs", "Token-expert pairs each GPU computed in the newest window, "
                               "summed over layers", ["gpu"], registry=r)
-        self.drop = Gauge("moeplace_drop_ratio", "Pairs above capacity / pairs in the newest window", registry=r)
+        self.drop = Gauge("moeplace_drop_ratio", "Pairs above capacity / pairs in the newest window",
+                          registry=r) if drops else None
         self.inter_per_token = Gauge("moeplace_inter_node_per_token_bytes", "Inter-node bytes per token in the "
                                      "newest window", registry=r)
         self.age_s = Gauge("moeplace_plan_age_seconds", "Seconds since the plan in force was applied", registry=r)
@@ -66,7 +70,8 @@ class OperateMetrics:
         self.tokens = Counter("moeplace_tokens", "Tokens replayed", ["domain"], registry=r)
         self.steps = Counter("moeplace_steps", "Forward passes (micro-batches)", registry=r)
         self.pairs = Counter("moeplace_routed_pairs", "Token-expert pairs routed", registry=r)
-        self.dropped = Counter("moeplace_dropped_pairs", "Token-expert pairs above capacity", registry=r)
+        self.dropped = Counter("moeplace_dropped_pairs", "Token-expert pairs above capacity",
+                               registry=r) if drops else None
         self.inter = Counter("moeplace_inter_node_bytes", "Inter-node bytes", registry=r)
         self.layer_s = Counter("moeplace_predicted_layer_seconds", "Predicted MoE layer time", registry=r)
         self.migrations = Counter("moeplace_migrations", "Plan changes", registry=r)
@@ -91,7 +96,8 @@ class OperateMetrics:
             self.top_share.set(rep.top_expert_share)
             for g, x in enumerate(rep.gpu_load):
                 self.gpu_load.labels(gpu=str(g)).set(x)
-            self.drop.set(rep.drop_ratio)
+            if self.drop is not None and rep.drop_ratio is not None:
+                self.drop.set(rep.drop_ratio)
             self.inter_per_token.set(rep.inter_node_bytes / rep.tokens if rep.tokens else 0.0)
             self.age_steps.set(0 if rep.migration is not None else rep.plan_age_steps)
             self.version.set(totals["version"])
@@ -100,7 +106,8 @@ class OperateMetrics:
             self.steps.inc(rep.steps - self._last_steps)
             self._last_steps = rep.steps
             self.pairs.inc(rep.pairs)
-            self.dropped.inc(rep.dropped_pairs)
+            if self.dropped is not None and rep.dropped_pairs is not None:
+                self.dropped.inc(rep.dropped_pairs)
             self.inter.inc(rep.inter_node_bytes)
             self.layer_s.inc(rep.layer_time_s)
             self._history.append({"window": rep.window, "steps": rep.steps, "balancedness": rep.balancedness,

@@ -41,7 +41,7 @@ def run(stream: Stream, cfg: OperateConfig, policy: str = "moeplace", out: str |
     summary (benchmark keys, parameters, per-window history) goes to ``json_path``."""
     metrics = server = None
     if metrics_port is not None:
-        metrics = OperateMetrics()
+        metrics = OperateMetrics(drops=cfg.capacity_factor is not None)
         server = MetricsServer(metrics, metrics_port)
         if callable(on_start):
             on_start(server.url)
