@@ -172,6 +172,9 @@ class CostModelJSON(_Model):
     combine_bytes: PosFinite | None = None
     intermediate_size: PosCount | None = None
     pair_flops: NonNegFinite | None = None
+    overlap: bool = False
+    decode_batch: PosCount = 256
+    prefill_tokens: PosCount = 8192
 
 
 class ModelLayersJSON(_Model):

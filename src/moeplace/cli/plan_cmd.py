@@ -8,22 +8,25 @@ import dataclasses
 from moeplace.cli import (
     MAX_REDUNDANT,
     CliError,
-    cluster_spec,
     float_in,
-    fraction,
     fraction_list,
     input_file,
     int_in,
     output_file,
+    param_type,
 )
+from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
+from moeplace.deploy import TIME_PARAMS
 from moeplace.evaluate import DEFAULT_PREFIX_TOKENS, format_table, run_compare
 from moeplace.io import atomic_write_json
-from moeplace.placement import Cluster, Plan
+from moeplace.params import Param
+from moeplace.placement import Plan
 from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, get_strategy, make_plan
 from moeplace.plan.base import workload_from_trace
 from moeplace.plan.export import MAX_DECODER_LAYERS, layers_of_trace
-from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS
 from moeplace.plan.loadfile import read_load
+
+FLAG_ALIASES = {"num_groups": "--groups"}  # the flag a parameter had before the registry declared it
 
 
 def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) -> tuple[Workload, str, dict]:
@@ -36,63 +39,112 @@ def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) 
     return work, str(trace), info
 
 
-def _params(args: argparse.Namespace) -> dict:
-    kw = {"seed": args.seed}
-    if getattr(args, "groups", None):
-        kw["num_groups"] = args.groups
-    if getattr(args, "objective", None) is not None:
-        kw["objective"] = args.objective
-    if getattr(args, "search_evals", None) is not None:
-        kw["search_evals"] = args.search_evals
-    if getattr(args, "time_limit", None) is not None:
-        kw["time_limit"] = args.time_limit
+def strategy_flags() -> dict[str, Param]:
+    """Every strategy parameter a flag sets (one per name; the time model's come from the deployment group)."""
+    out: dict[str, Param] = {}
+    for st in STRATEGIES.values():
+        for q in st.params:
+            if q.name != "seed" and q.name not in TIME_PARAMS:
+                out.setdefault(q.name, q)
+    return out
+
+
+def flag_of(name: str) -> str:
+    return FLAG_ALIASES.get(name, "--" + name.replace("_", "-"))
+
+
+def _params(args: argparse.Namespace, strategies: list[str]) -> dict:
+    """The strategy flags given on the command line; CliError (one line) for one no chosen strategy declares."""
+    kw = {}
+    for name in strategy_flags():
+        v = getattr(args, f"sp_{name}", None)
+        if v is None:
+            continue
+        if not any(get_strategy(n).param(name) for n in strategies):
+            takes = sorted({flag_of(q.name) for n in strategies for q in get_strategy(n).params
+                            if q.name in strategy_flags()})
+            raise CliError(f"{flag_of(name)} does not apply to strategy {', '.join(strategies)} (its parameters: "
+                           f"{', '.join(takes) or 'none'})")
+        kw[name] = v
     return kw
+
+
+def describe_strategy(name: str) -> str:
+    """``plan --list``: one strategy, its needs and its declared parameters."""
+    s = get_strategy(name)
+    need = "per-token trace" if s.needs_tokens else "load matrix"
+    lines = [f"{s.name:<20} {s.summary}  [{need}{', groups requests' if s.groups_requests else ''}]"]
+    flags = strategy_flags()
+    for q in s.params:
+        if q.name == "seed":
+            lines.append(f"    {'--seed':<22} {q.describe()}")
+        elif q.name in flags:
+            lines.append(f"    {flag_of(q.name):<22} {q.describe()}")
+    if s.prices_time:
+        lines.append(f"    {'(deployment group)':<22} prices layer time with --cluster/--cluster-preset, "
+                     "--hidden-size, --dispatch-bytes, --combine-bytes, --mode, --rule, --overlap, --decode-batch, "
+                     "--prefill-tokens")
+    return "\n".join(lines)
+
+
+def format_cost_model(plan: Plan) -> str:
+    """What the plan was optimised for, on one line (``moeplace plan`` prints it)."""
+    c = plan.cluster
+    links = (f"{c.spec()} (intra {c.intra_bw / 1e9:g} GB/s, inter {c.inter_bw / 1e9:g} GB/s, {c.expert_flops / 1e12:g} "
+             f"TFLOP/s, HBM {c.hbm_bw / 1e12:g} TB/s)")
+    if plan.cost_model is None:
+        return f"cost model: none ({plan.strategy} does not price time or bytes); cluster {links}"
+    cm = plan.cost_model.to_json()
+    cm.update({k: getattr(plan.cost_model, k) for k in ("overlap", "decode_batch", "prefill_tokens")})
+    return "cost model: " + ", ".join(f"{k}={v}" for k, v in cm.items() if v is not None) + f"; cluster {links}"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.list:
-        for s in STRATEGIES.values():
-            need = "per-token trace" if s.needs_tokens else "load matrix"
-            print(f"{s.name:<20} {s.summary}  [{need}{', groups requests' if s.groups_requests else ''}]")
+        print("\n".join(describe_strategy(n) for n in STRATEGIES))
         return 0
     if not args.strategy or not args.cluster or not args.out:
         raise CliError("--strategy, --cluster and --out are required (or --list)")
-    cluster = Cluster.parse(args.cluster)
+    dep = deployment_from_args(args)
+    kw = _params(args, [args.strategy])
     work, planned_on, _ = workload_from_path(args.trace, args.load, args.prefix_tokens)
-    get_strategy(args.strategy)
-    kw = _params(args)
-    if args.strategy == "joint":
-        kw["balance_floor"] = args.balance_floor
-    plan = make_plan(args.strategy, work, cluster, args.redundant, planned_on=planned_on, **kw)
+    plan = make_plan(args.strategy, work, dep.cluster, args.redundant, planned_on=planned_on, deployment=dep,
+                     seed=args.seed, **kw)
     if args.trace:  # the model's layer layout travels with the plan, so an SGLang export needs no --trace
         from moeplace.trace.store import read_meta
 
         plan = dataclasses.replace(plan, model_layers=layers_of_trace(read_meta(args.trace)))
     plan.save(args.out)
     print(f"{args.strategy}: {plan.placement.num_layers} layers x {plan.placement.num_slots} slots on "
-          f"{cluster.spec()} ({plan.placement.slots_per_gpu} per GPU), {len(plan.homes)} request homes, "
+          f"{dep.cluster.spec()} ({plan.placement.slots_per_gpu} per GPU), {len(plan.homes)} request homes, "
           f"planned in {plan.plan_seconds:.2f} s -> {args.out}")
+    print(f"  {format_cost_model(plan)}")
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from moeplace.trace import read_trace
 
-    cluster = Cluster.parse(args.cluster)
+    dep = deployment_from_args(args)
     names = args.strategies.split(",") if args.strategies else list(MOE_STRATEGIES)
     for n in names:
         get_strategy(n)
+    params = _params(args, names)
     floors = list(args.sweep_floor) if args.sweep_floor else None
     if args.plot and not floors:
         raise CliError("--plot draws the floor sweep: give --sweep-floor too")
+    if floors and not any(get_strategy(n).param("balance_floor") for n in names):
+        raise CliError(f"--sweep-floor re-plans the strategies with a balance floor (joint); none of "
+                       f"{', '.join(names)} has one")
 
     def say(msg: str) -> None:
         if not args.quiet:
             print(f"  {msg} ...", flush=True)
 
-    res = run_compare(read_trace(args.trace), cluster, args.redundant, names, args.holdout, args.split, args.seed,
-                      args.prefix_tokens, args.balance_floor, _params(args), progress=say, arrival=args.arrival,
-                      floors=floors, plot=args.plot)
+    res = run_compare(read_trace(args.trace), dep.cluster, args.redundant, names, args.holdout, args.split,
+                      args.seed, args.prefix_tokens, params.pop("balance_floor", None), params, progress=say,
+                      arrival=args.arrival, floors=floors, plot=args.plot, cost=cost_config(dep),
+                      batching=batch_config(dep), rule=dep.rule, deployment=dep)
     print(f"{res['trace']} on {res['cluster']}, R={res['num_redundant']}: planned on {res['planning_requests']} "
           f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens, "
           f"arrival order: {res['arrival']})")
@@ -128,27 +180,21 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", type=cluster_spec, help="NODESxGPUS, e.g. 4x2")
+    add_deployment_options(p)
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
                    help="redundant slots per layer R (default 0; at most E * (W - 1))")
-    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="random seed (default 0)")
-    p.add_argument("--groups", type=int_in(1, 1 << 16), default=None,
-                   help="eplb: the model's expert groups (DeepSeek-V3: 8); "
-                   "default 1 (global policy)")
-    p.add_argument("--balance-floor", type=fraction, default=DEFAULT_BALANCE_FLOOR,
-                   help=f"joint: required balancedness on the planning window (default {DEFAULT_BALANCE_FLOOR})")
-    p.add_argument("--objective", choices=("time", "bytes"), default=None,
-                   help="joint: minimise predicted MoE layer time per micro-batch (default; never slower than eplb "
-                        "on the planning window) or inter-node bytes under --balance-floor")
-    p.add_argument("--search-evals", type=int_in(0, 10**9), default=None,
-                   help=f"joint: moves its local searches evaluate per layer (default {DEFAULT_SEARCH_EVALS}); the "
-                        "budget counts work, so the plan is the same on any machine")
-    p.add_argument("--time-limit", type=float_in(0, 1e6, lo_open=True), default=None,
-                   help="joint: optional wall-clock cap in seconds on its searches (off by default; a plan that hit "
-                        "it records so and is no longer reproducible)")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0,
+                   help="random seed of the split and of the strategies that take one (default 0)")
     p.add_argument("--prefix-tokens", type=int_in(0, 1 << 20), default=DEFAULT_PREFIX_TOKENS,
                    help="requests without prefill use their first N decode tokens as the grouping signal "
                         f"(default {DEFAULT_PREFIX_TOKENS})")
+    g = p.add_argument_group("strategy parameters", "declared by the strategies (plan --list); a flag the chosen "
+                             "strategy does not declare is refused")
+    for name, q in strategy_flags().items():
+        owners = ", ".join(s.name for s in STRATEGIES.values() if s.param(name))
+        g.add_argument(flag_of(name), dest=f"sp_{name}", type=param_type(q), default=None,
+                       choices=list(q.choices) or None, metavar=None if q.choices else q.type.__name__.upper(),
+                       help=f"{owners}: {q.describe()}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,18 +6,15 @@ import argparse
 import json
 import sys
 
-from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, float_in, input_file, int_in, output_file
+from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, input_file, int_in, output_file
+from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
+from moeplace.deploy import Deployment
 from moeplace.placement import Cluster, Plan
-from moeplace.simulate import RULES, BatchConfig, CostConfig, simulate
-from moeplace.simulate.kernels import MODES
+from moeplace.simulate import simulate
 
 
 def _cluster(args: argparse.Namespace) -> Cluster | None:
-    if args.cluster is None:
-        return None
-    from moeplace.deploy import parse_cluster
-
-    return parse_cluster(args.cluster, args.cluster_preset)
+    return None if args.cluster is None else deployment_from_args(args).cluster
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -31,9 +28,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.plan} is an FoE plan (foe_groups={plan.foe_groups}); simulate replays plain MoE "
                          "execution. run-ep reports an FoE run next to the simulator's FoE replay of the same "
                          "micro-batches (docs/FOE.md)")
-    cost = CostConfig(hidden_size=args.hidden_size, dispatch_bytes=args.dispatch_bytes,
-                      combine_bytes=args.combine_bytes, mode=args.mode, overlap=args.overlap)
-    batching = BatchConfig(decode_batch=args.decode_batch, prefill_tokens=args.prefill_tokens)
+    dep = Deployment(cluster or plan.cluster, args.cluster_preset, args.hidden_size, args.dispatch_bytes,
+                     args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch, args.prefill_tokens)
+    cost, batching = cost_config(dep), batch_config(dep)
     res = simulate(args.trace, plan, cluster, cost, batching, rule=args.rule, num_redundant=args.redundant,
                    chunk_tokens=args.chunk_tokens, progress=args.progress)
     j = res.to_json()
@@ -76,28 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace", help="trace directory (per-token)")
     p.add_argument("--plan", type=input_file,
                    help="plan JSON from `moeplace plan` (default: linear placement, round-robin homes)")
-    p.add_argument("--cluster", help="NODESxGPUS (e.g. 4x8) or a cluster preset name; with --cluster-preset, "
-                   "the number of nodes")
-    p.add_argument("--cluster-preset", help="links and GPU speed from a preset (see docs/PRESETS.md)")
+    add_deployment_options(p)
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
                    help="redundant slots for the default linear placement")
-    p.add_argument("--rule", choices=RULES, default=RULES[0], help="replica choice rule (default: %(default)s)")
-    d = CostConfig()
-    p.add_argument("--hidden-size", type=int_in(1, 1 << 20), default=None,
-                   help="elements per token vector (default: trace meta)")
-    p.add_argument("--dispatch-bytes", type=float_in(0, 64, lo_open=True), default=d.dispatch_bytes,
-                   help="bytes per element sent by dispatch (default: %(default)s = fp8)")
-    p.add_argument("--combine-bytes", type=float_in(0, 64, lo_open=True), default=d.combine_bytes,
-                   help="bytes per element returned by combine (default: %(default)s = bf16)")
-    p.add_argument("--mode", choices=MODES, default=d.mode,
-                   help="dispatch/combine kernel of the kernel time model; auto = deepep-normal for prefill, "
-                        "deepep-ll for decode (default: %(default)s)")
-    p.add_argument("--overlap", action="store_true", help="two-batch overlap of dispatch, expert compute, combine")
-    b = BatchConfig()
-    p.add_argument("--decode-batch", type=int_in(1, 1 << 20), default=b.decode_batch,
-                   help="requests per decode window (default: %(default)s)")
-    p.add_argument("--prefill-tokens", type=int_in(1, MAX_TOKENS), default=b.prefill_tokens,
-                   help="prefill micro-batch token budget (default: %(default)s)")
     p.add_argument("--chunk-tokens", type=int_in(1, MAX_TOKENS), default=16384,
                    help="tokens read per chunk (memory bound)")
     p.add_argument("--json", type=output_file, help="write the full result JSON here")

@@ -25,11 +25,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from moeplace.deploy import Deployment
 from moeplace.evaluate.score import planning_balance, score_plan, score_plan_phases, sim_metrics
 from moeplace.evaluate.windows import DEFAULT_PREFIX_TOKENS, split_windows
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.plan import FOE_STRATEGIES, MOE_STRATEGIES, get_strategy, make_plan
-from moeplace.simulate import CostConfig
+from moeplace.simulate import BatchConfig, CostConfig
+from moeplace.simulate.routing import DEFAULT_RULE
 from moeplace.trace.store import Trace, TraceMeta
 
 TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
@@ -45,12 +47,16 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
             holdout: float = 0.25, split: str = "random", seed: int = 0,
             prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
             params: dict | None = None, progress: Callable[[str], None] | None = None,
-            arrival: str = "table", cost: CostConfig | None = None) -> dict:
+            arrival: str = "table", cost: CostConfig | None = None, batching: BatchConfig | None = None,
+            rule: str = DEFAULT_RULE, deployment: Deployment | None = None) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
-    cost: the time model (default: the trace's hidden size, kernel ``auto``). Rows give the predicted MoE layer
-    time per micro-batch for prefill and decode, and, when eplb is compared, each strategy's ratio to eplb's.
+    cost, batching, rule: the time model, micro-batching and replica rule of the scoring (default: the trace's
+    hidden size, kernel ``auto``, the simulator's batching and rule); ``deployment`` gives the strategies that
+    price time the same (the CLI builds all four from one option group). ``params``: strategy parameters, each
+    given to the strategies that declare it; ``balance_floor`` to those with a floor. Rows give the predicted MoE
+    layer time per micro-batch for prefill and decode, and, when eplb is compared, each strategy's ratio to eplb's.
     """
     names = list(strategies or MOE_STRATEGIES)
     for n in names:
@@ -62,26 +68,28 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
     meta: TraceMeta = trace.meta
     base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant), cluster,
                      strategy="linear")
-    base = score_plan(base_plan, win, cost=cost)
+    base = score_plan(base_plan, win, cost=cost, batching=batching, rule=rule)
     base_bytes = base["inter_node_bytes"]["total"]
     out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": cluster.spec(),
+                 "cluster_hardware": cluster.to_json(),
                  "num_redundant": num_redundant, "holdout": holdout, "split": split, "seed": seed, "arrival": arrival,
                  "prefix_tokens": prefix_tokens, "planning_requests": int(win.plan_work.num_requests),
                  "held_out_requests": int(len(win.held.requests)),
                  "scored_tokens": int(base["num_tokens"]), "strategies": {}}
     for n in names:
-        kw = dict(params or {})
-        kw.setdefault("seed", seed)
-        if n == "joint" and balance_floor is not None:
+        st = get_strategy(n)
+        kw = {k: v for k, v in (params or {}).items() if st.param(k) is not None}
+        if balance_floor is not None and st.param("balance_floor") is not None:
             kw["balance_floor"] = balance_floor
         if progress:
             progress(f"planning {n}")
         t0 = time.perf_counter()
-        if n == "joint" and cost is not None:  # joint's time objective uses the same time model as the scoring
+        if deployment is None and cost is not None and st.prices_time:  # price as the scoring does
             kw.setdefault("hidden_size", cost.hidden_size)
             kw.setdefault("mode", cost.mode)
-        plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window", **kw)
-        res = score_plan_phases(plan, win, cost=cost)
+        plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window",
+                         deployment=deployment, seed=seed, **kw)
+        res = score_plan_phases(plan, win, cost=cost, batching=batching, rule=rule)
         dec, pre = res.decode.to_json(), res.prefill.to_json()
         row = sim_metrics(dec, base_bytes, pre)
         # per-GPU pictures for the HTML report: load [W] (pairs, summed over layers) and bytes [W, W] (source ->
@@ -108,21 +116,32 @@ def sweep_floor(trace: Trace, cluster: Cluster, num_redundant: int, result: dict
                 holdout: float = 0.25, split: str = "random", seed: int = 0,
                 prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
                 params: dict | None = None, progress: Callable[[str], None] | None = None,
-                arrival: str = "table") -> dict:
+                arrival: str = "table", **scoring: object) -> dict:
     """The bytes-vs-balance frontier: every strategy of ``result`` (a :func:`compare` answer) as one point, and
-    joint (when compared) re-planned at each balance floor of ``floors``. Returns strategy -> list of points."""
+    each strategy with a balance floor (joint) re-planned at each floor of ``floors`` under its bytes objective
+    (the floor binds only there). Returns strategy -> list of points. ``scoring``: compare's cost, batching, rule,
+    deployment."""
     frontier: dict = {}
+    floored = [n for n in result["strategies"] if get_strategy(n).param("balance_floor") is not None]
+    if not floored:
+        raise ValueError(f"--sweep-floor re-plans strategies with a balance floor; none of "
+                         f"{', '.join(result['strategies'])} has one")
     for n, r in result["strategies"].items():
-        frontier[n] = [{"balance_floor": balance_floor if n == "joint" else None, "balancedness": r["balancedness"],
+        frontier[n] = [{"balance_floor": None, "objective": (params or {}).get("objective"),
+                        "balancedness": r["balancedness"],
                         "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]}]
-    if "joint" in frontier:
+    for n in floored:
+        kw = dict(params or {})
+        if get_strategy(n).param("objective") is not None:
+            kw["objective"] = "bytes"
         for f in floors:
             if progress:
-                progress(f"sweep joint --balance-floor {f}")
-            r = compare(trace, cluster, num_redundant, ["joint"], holdout, split, seed, prefix_tokens, f, params,
-                        arrival=arrival)["strategies"]["joint"]
-            frontier["joint"].append({"balance_floor": f, "balancedness": r["balancedness"],
-                                      "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
+                progress(f"sweep {n} --objective bytes --balance-floor {f}")
+            r = compare(trace, cluster, num_redundant, [n], holdout, split, seed, prefix_tokens, f, kw,
+                        arrival=arrival, **scoring)["strategies"][n]
+            frontier[n].append({"balance_floor": f, "objective": kw.get("objective"),
+                                "balancedness": r["balancedness"],
+                                "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]})
     return frontier
 
 
@@ -179,14 +198,16 @@ def run_compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: 
                 prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
                 params: dict | None = None, progress: Callable[[str], None] | None = None,
                 arrival: str = "table", floors: list[float] | None = None, plot: str | None = None,
-                cost: CostConfig | None = None) -> dict:
+                cost: CostConfig | None = None, batching: BatchConfig | None = None, rule: str = DEFAULT_RULE,
+                deployment: Deployment | None = None) -> dict:
     """``moeplace compare``: :func:`compare`, then the frontier sweep over ``floors`` (stored under
     ``"frontier"``) and its plot when asked."""
+    scoring = {"cost": cost, "batching": batching, "rule": rule, "deployment": deployment}
     res = compare(trace, cluster, num_redundant, strategies, holdout, split, seed, prefix_tokens, balance_floor,
-                  params, progress, arrival, cost)
+                  params, progress, arrival, **scoring)
     if floors:
         res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,
-                                      prefix_tokens, balance_floor, params, progress, arrival)
+                                      prefix_tokens, balance_floor, params, progress, arrival, **scoring)
         if plot:
             plot_frontier(res["frontier"], plot)
     elif plot:

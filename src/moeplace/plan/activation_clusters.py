@@ -127,8 +127,7 @@ def pack_within_nodes(phy2log: np.ndarray, slot_load: np.ndarray, num_nodes: int
 
 
 def plan_activation_clusters(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0,
-                             round_size: int = DEFAULT_ROUND, max_fit_requests: int = 4096, **_: object
-                             ) -> StrategyResult:
+                             round_size: int = DEFAULT_ROUND, max_fit_requests: int = 4096) -> StrategyResult:
     """Registry adapter: K-means on the window's prefill activations, clusters -> nodes, affinity placement."""
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G = cluster.num_nodes, cluster.gpus_per_node

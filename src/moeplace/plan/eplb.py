@@ -270,8 +270,7 @@ def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
     return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus, refine)
 
 
-def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1, **_: object
-              ) -> StrategyResult:
+def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1) -> StrategyResult:
     """Registry adapter: EPLB from the window's load [L, E]. ``num_groups``: the model's expert groups
     (DeepSeek-V3: 8); the default 1 selects the global policy unless the cluster has one node."""
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)

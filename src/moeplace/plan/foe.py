@@ -2,8 +2,8 @@
 
 Shape legend: L = MoE layers, E = logical experts, W = GPUs, G = GPUs per node, H = FoE groups, Rq = requests.
 
-Placement (:class:`moeplace.foe.FoeLayout`): expert e on slot e (group h's E/H experts are contiguous), so with
-W <= H every GPU holds H/W whole groups and with W > H group h spans the W/H GPUs of block h, inside one node. No
+Placement (:class:`moeplace.placement.foe.FoeLayout`): expert e on slot e (group h's E/H experts are contiguous), so
+with W <= H every GPU holds H/W whole groups and with W > H group h spans the W/H GPUs of block h, inside one node. No
 replicas: a replica on another block would pull the group's all-to-all out of it. The request "home" of an FoE
 plan is its *ring index*: the GPU index inside every block that holds the request's tokens (0 when W <= H, where
 every GPU holds every token); requests are spread over ring indices by token count (largest first, to the index
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeplace.foe import FoeLayout
 from moeplace.placement import Cluster
+from moeplace.placement.foe import FoeLayout
 from moeplace.plan.base import StrategyResult, Workload
 
 
@@ -32,7 +32,7 @@ def balance_rings(tokens: np.ndarray, rings: int) -> np.ndarray:
     return out
 
 
-def plan_foe(work: Workload, cluster: Cluster, num_redundant: int, **_: object) -> StrategyResult:
+def plan_foe(work: Workload, cluster: Cluster, num_redundant: int) -> StrategyResult:
     """FoE placement and ring indices for ``work`` (a trace of an FoE model: ``work.foe_groups`` > 1)."""
     H = int(work.foe_groups)
     if H <= 1:

@@ -130,8 +130,7 @@ def two_level_parts(split, num_experts: int, num_nodes: int, gpus_per_node: int)
     return gpu
 
 
-def plan_coactivation(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0, **_: object
-                      ) -> StrategyResult:
+def plan_coactivation(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0) -> StrategyResult:
     """Registry adapter: METIS on each layer's co-activation graph, parts -> GPUs, then :func:`fill_slots`."""
     P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     _, ids = work.traffic()
@@ -202,8 +201,7 @@ def hypergraph_parts(sets: np.ndarray | list, weight: np.ndarray, vweight: np.nd
     return np.asarray(hg.partition(ctx).get_partition(), np.int64)
 
 
-def plan_hypergraph(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0, **_: object
-                    ) -> StrategyResult:
+def plan_hypergraph(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0) -> StrategyResult:
     """Registry adapter: Mt-KaHyPar km1 partition of each layer's token hypergraph, parts -> GPUs, then
     :func:`fill_slots`. Falls back to METIS on the clique expansion when mtkahypar is unusable."""
     P, S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)

@@ -346,13 +346,15 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                search_evals: int = DEFAULT_SEARCH_EVALS, time_limit: float | None = None,
                max_fit_requests: int = 4096, balance_rounds: int = 2, max_rows: int = 1 << 18,
                max_check_requests: int = 2048, folds: int = 64, robust: float = 0.3, penalty: float = PENALTY,
-               objective: str = "time", hidden_size: int | None = None, mode: str = "auto",
-               rule: str = "nearest-least-loaded", **_: object) -> StrategyResult:
+               objective: str = "time", hidden_size: int | None = None, dispatch_bytes: float = 1.0,
+               combine_bytes: float = 2.0, mode: str = "auto", rule: str = "nearest-least-loaded",
+               overlap: bool = False, decode_batch: int = 256, prefill_tokens: int = 8192) -> StrategyResult:
     """Registry adapter for the joint strategy.
 
     objective: ``time`` (default; :mod:`moeplace.plan.joint_time`: predicted layer time per micro-batch, never
-    worse than EPLB on the planning window; uses seed, round_size, hidden_size, mode, rule and
-    max_check_requests) or ``bytes`` (this module's docstring: inter-node bytes under a balance floor).
+    worse than EPLB on the planning window; uses seed, round_size, max_check_requests and the deployment's time
+    model: hidden_size, dispatch_bytes, combine_bytes, mode, rule, overlap, decode_batch, prefill_tokens) or
+    ``bytes`` (this module's docstring: inter-node bytes under a balance floor).
 
     balance_floor: required balancedness (mean/max GPU load per layer, averaged) on the planning window.
     sample_tokens: traffic rows the local search measures exactly. search_evals: moves evaluated per layer over
@@ -365,7 +367,9 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
     """
     if objective == "time":
         return plan_joint_time(work, cluster, num_redundant, seed=seed, round_size=round_size,
-                               hidden_size=hidden_size, mode=mode, rule=rule, max_eval_requests=max_check_requests)
+                               hidden_size=hidden_size, dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes,
+                               mode=mode, rule=rule, overlap=overlap, decode_batch=decode_batch,
+                               prefill_tokens=prefill_tokens, max_eval_requests=max_check_requests)
     if objective != "bytes":
         raise ValueError(f"joint: objective must be 'time' or 'bytes', got {objective!r}")
     if not 0.0 < balance_floor <= 1.0:

@@ -137,20 +137,25 @@ def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray
 
 
 def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0,
-                    round_size: int = DEFAULT_ROUND, hidden_size: int | None = None, mode: str = "auto",
-                    rule: str = DEFAULT_RULE, decode_batch: int = 256, prefill_tokens: int = 8192,
+                    round_size: int = DEFAULT_ROUND, hidden_size: int | None = None, dispatch_bytes: float = 1.0,
+                    combine_bytes: float = 2.0, mode: str = "auto", rule: str = DEFAULT_RULE, overlap: bool = False,
+                    decode_batch: int = 256, prefill_tokens: int = 8192,
                     max_eval_requests: int = MAX_EVAL_REQUESTS) -> StrategyResult:
-    """The time objective (see the module docstring); hidden_size: default the window's, else 4096."""
+    """The time objective (see the module docstring), priced with the deployment's time model (hidden_size:
+    default the window's, else 4096; element bytes, kernel mode, overlap, replica rule, batch sizes); the plan's
+    ``cost_model`` records all of them."""
     from moeplace.plan.eplb import rebalance
 
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
     Rq = work.num_requests
     hidden = int(hidden_size or work.hidden_size or DEFAULT_HIDDEN)
-    cost = CostConfig(hidden_size=hidden, mode=mode)
+    cost = CostConfig(hidden_size=hidden, dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, mode=mode,
+                      overlap=overlap)
     batching = BatchConfig(decode_batch=decode_batch, prefill_tokens=prefill_tokens)
     cm = CostModel(objective="layer_time", rule=rule, dedup=mode, hidden_size=hidden,
-                   dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes)
+                   dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes, overlap=overlap,
+                   decode_batch=decode_batch, prefill_tokens=prefill_tokens)
     if Rq < 4 * N:  # too few requests to build on one half and check on the other
         reason = f"the planning window has {Rq} requests, fewer than 4 per node ({N} nodes): used EPLB's placement"
         return StrategyResult(rebalance(work.load, P, 1, N, W), np.arange(Rq) % W, None, {"objective": "time"},

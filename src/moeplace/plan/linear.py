@@ -34,13 +34,13 @@ def round_robin_phy2log(num_layers: int, num_experts: int, num_slots: int, num_g
     return np.tile(row, (num_layers, 1))
 
 
-def plan_linear(work: Workload, cluster: Cluster, num_redundant: int, **_: object) -> StrategyResult:
+def plan_linear(work: Workload, cluster: Cluster, num_redundant: int) -> StrategyResult:
     """Registry adapter for :func:`linear_phy2log`; homes round-robin."""
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     return StrategyResult(linear_phy2log(work.num_layers, work.num_experts, P))
 
 
-def plan_round_robin(work: Workload, cluster: Cluster, num_redundant: int, **_: object) -> StrategyResult:
+def plan_round_robin(work: Workload, cluster: Cluster, num_redundant: int) -> StrategyResult:
     """Registry adapter for :func:`round_robin_phy2log`; homes round-robin."""
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     return StrategyResult(round_robin_phy2log(work.num_layers, work.num_experts, P, cluster.world_size))

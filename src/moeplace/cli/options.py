@@ -1,0 +1,89 @@
+"""Option groups shared by commands, each declared once.
+
+:func:`add_deployment_options` is the deployment group of every command that prices time (plan, compare,
+simulate, operate, run-ep, demo): cluster shape and hardware, hidden size, element bytes, kernel mode, replica rule,
+overlap and batch sizes. :func:`deployment_from_args` turns the parsed flags into a
+:class:`moeplace.deploy.Deployment`. Defaults are the library's (``Deployment``, equal to ``CostConfig`` and
+``BatchConfig``); the choices of ``--mode`` and ``--rule`` come from the simulator's registries.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from moeplace.cli import MAX_TOKENS, float_in, int_in
+
+DEPLOYMENT_FLAGS = ("--cluster", "--cluster-preset", "--hidden-size", "--dispatch-bytes", "--combine-bytes", "--mode",
+                    "--rule", "--overlap", "--decode-batch", "--prefill-tokens")
+
+
+def add_deployment_options(parser: argparse.ArgumentParser, cluster_default: str | None = None) -> None:
+    """Add the deployment group (:data:`DEPLOYMENT_FLAGS`) to ``parser``."""
+    from moeplace.deploy import CLUSTER_PRESETS, Deployment
+    from moeplace.simulate.kernels import MODES
+    from moeplace.simulate.routing import RULES
+
+    d = Deployment.__dataclass_fields__
+    g = parser.add_argument_group("deployment", "the cluster and what a layer costs on it (docs/PRESETS.md)")
+    shown = f" (default: {cluster_default})" if cluster_default else ""
+    g.add_argument("--cluster", default=cluster_default, metavar="SPEC",
+                   help="NODESxGPUS (e.g. 4x2; generic H100 links), a cluster preset name (one node of it), or NODES "
+                        f"with --cluster-preset{shown}")
+    g.add_argument("--cluster-preset", choices=sorted(CLUSTER_PRESETS), metavar="PRESET",
+                   help="links, latencies, GPU FLOP rate and HBM of a GPU system: "
+                        f"{', '.join(sorted(CLUSTER_PRESETS))}")
+    g.add_argument("--hidden-size", type=int_in(1, 1 << 20), default=d["hidden_size"].default,
+                   help="elements per token vector (default: the trace's)")
+    g.add_argument("--dispatch-bytes", type=float_in(0, 64, lo_open=True), default=d["dispatch_bytes"].default,
+                   help="bytes per element sent by dispatch (default: %(default)s = fp8)")
+    g.add_argument("--combine-bytes", type=float_in(0, 64, lo_open=True), default=d["combine_bytes"].default,
+                   help="bytes per element returned by combine (default: %(default)s = bf16)")
+    g.add_argument("--mode", choices=MODES, default=d["mode"].default,
+                   help="dispatch/combine kernel of the time model; auto = deepep-normal for prefill, deepep-ll for "
+                        "decode (default: %(default)s)")
+    g.add_argument("--rule", choices=RULES, default=d["rule"].default,
+                   help="replica choice rule (default: %(default)s)")
+    g.add_argument("--overlap", action="store_true", help="two-batch overlap of dispatch, expert compute and combine")
+    g.add_argument("--decode-batch", type=int_in(1, 1 << 20), default=d["decode_batch"].default,
+                   help="requests per decode window (default: %(default)s)")
+    g.add_argument("--prefill-tokens", type=int_in(1, MAX_TOKENS), default=d["prefill_tokens"].default,
+                   help="prefill micro-batch token budget (default: %(default)s)")
+
+
+def deployment_from_args(args: argparse.Namespace):  # -> moeplace.deploy.Deployment
+    """The :class:`~moeplace.deploy.Deployment` the group's flags name; ValueError (exit 2) for a bad --cluster."""
+    from moeplace.cli import CliError
+    from moeplace.deploy import Deployment, parse_cluster
+
+    if not args.cluster:
+        raise CliError("--cluster is required: NODESxGPUS (e.g. 4x2), a preset name, or NODES with --cluster-preset")
+    return Deployment(parse_cluster(args.cluster, args.cluster_preset), args.cluster_preset, args.hidden_size,
+                      args.dispatch_bytes, args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
+                      args.prefill_tokens)
+
+
+def cost_config(dep, **kw):  # -> moeplace.simulate.CostConfig
+    """The simulator's time model for a deployment (``kw``: further CostConfig fields)."""
+    from moeplace.simulate import CostConfig
+
+    return CostConfig(hidden_size=dep.hidden_size, dispatch_bytes=dep.dispatch_bytes,
+                      combine_bytes=dep.combine_bytes, mode=dep.mode, overlap=dep.overlap, **kw)
+
+
+def batch_config(dep):  # -> moeplace.simulate.BatchConfig
+    """The simulator's micro-batching for a deployment."""
+    from moeplace.simulate import BatchConfig
+
+    return BatchConfig(decode_batch=dep.decode_batch, prefill_tokens=dep.prefill_tokens)
+
+
+def refuse_unpriced(args: argparse.Namespace, used: tuple[str, ...], command: str) -> None:
+    """CliError (one line) when a deployment flag ``command`` does not price with yet was given a non-default
+    value: a flag is never silently ignored. ``used``: the group's flags the command takes."""
+    from moeplace.cli import CliError
+
+    defaults = {"hidden_size": None, "dispatch_bytes": 1.0, "combine_bytes": 2.0, "mode": "auto", "overlap": False}
+    for k, v in defaults.items():
+        flag = "--" + k.replace("_", "-")
+        if flag not in used and getattr(args, k) != v:
+            raise CliError(f"{flag} is not used by {command} (it prices with {', '.join(used)})")
