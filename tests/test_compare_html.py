@@ -39,13 +39,24 @@ CHECK_SCRIPT = """<script>window.addEventListener('load', function () {
   var misordered = 0;
   document.querySelectorAll('svg.frontier').forEach(function (s) {
     var p = [].slice.call(s.querySelectorAll('g.point')).map(function (g) {
-      var c = g.querySelector('circle').getBoundingClientRect(); return [+g.getAttribute('data-x'), c.x]; });
+      var c = g.querySelector('.marker').getBoundingClientRect();
+      return [+g.getAttribute('data-x'), c.x + c.width / 2]; });
     p.forEach(function (a) { p.forEach(function (b) { if (a[0] < b[0] && a[1] > b[1]) misordered++; }); });
+  });
+  var clipped = [];  // text drawn (partly) outside its SVG's box is cut off by the browser
+  svgs.forEach(function (s) {
+    var box = s.getBoundingClientRect();
+    s.querySelectorAll('text').forEach(function (t) {
+      var r = t.getBoundingClientRect();
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5)
+        clipped.push(t.textContent);
+    });
   });
   var d = document.createElement('div'); d.id = 'render-check';
   d.setAttribute('data-svgs', svgs.length); d.setAttribute('data-shown', shown.length);
   d.setAttribute('data-bars', bars); d.setAttribute('data-spread', spread.toFixed(6));
-  d.setAttribute('data-misordered', misordered);
+  d.setAttribute('data-misordered', misordered); d.setAttribute('data-clipped', clipped.length);
+  d.setAttribute('data-clipped-text', clipped.join('|'));
   document.body.appendChild(d);
 });</script>"""
 
@@ -156,6 +167,42 @@ def _chart(marks: _Marks, kind: str, strategy: str, phase: str) -> list[tuple[st
     return out
 
 
+def _frontier_charts(text: str) -> dict[str, str]:
+    """Each frontier chart's SVG source by its data-kind."""
+    return dict(re.findall(r'<svg class="chart frontier" data-kind="(\w+)"(.*?)</svg>', text, flags=re.S))
+
+
+def test_frontier_names_every_strategy_whole_and_apart(compared):
+    """Every strategy's name is drawn whole (as a legend entry, not a label cut at the chart's edge), and two
+    strategies never share a marker: different shapes, and a point drawn on another says so."""
+    res, path = compared
+    names = list(res["strategies"])
+    res = json.loads(json.dumps(res))
+    res["strategies"]["joint"] = {**res["strategies"]["eplb"]}  # the same point as eplb in every chart
+    for text in (path.read_text(), render_compare_html(res)):
+        charts = _frontier_charts(text)
+        assert set(charts) == {"prefill_time", "decode_time", "balance"}
+        for svg in charts.values():
+            drawn = re.findall(r"<text[^>]*>([^<]+)</text>", svg)
+            legend = [t.split(" (same point as")[0] for t in drawn if t.split(" (")[0] in names]
+            assert legend == names, drawn  # whole names, each once, in the answer's order
+            shapes = re.findall(r'<g class="point" data-strategy="([^"]+)"[^>]*><\w+ class="marker" '
+                                r'data-shape="([\w-]+)"', svg)
+            assert [n for n, _ in shapes] == names and len({s for _, s in shapes}) == len(names)
+    balance = _frontier_charts(render_compare_html(res))["balance"]
+    assert "joint (same point as eplb)" in balance
+
+
+def test_decode_only_answer_says_there_is_no_prefill(compared):
+    res, _ = compared
+    rows = {n: {k: v for k, v in r.items() if not k.startswith("prefill_")} for n, r in res["strategies"].items()}
+    page = render_compare_html({**res, "strategies": rows})
+    assert "Prefill: no prefill micro-batches in this trace" in page
+    assert page.count("no prefill micro-batches in this trace") == 3  # frontier, load and traffic sections
+    assert set(_frontier_charts(page)) == {"decode_time", "balance"}
+    assert 'data-phase="prefill"' not in page  # no empty axes for the missing phase
+
+
 def test_synthetic_label_and_old_answers(compared):
     res, _ = compared
     page = render_compare_html({**res, "synthetic": True})
@@ -189,11 +236,14 @@ def test_page_renders_in_chromium(compared, tmp_path):
                           "--virtual-time-budget=10000", "--window-size=1300,2400", "--dump-dom", checked.as_uri()],
                          capture_output=True, text=True, timeout=120)
     m = re.search(r'<div id="render-check" data-svgs="(\d+)" data-shown="(\d+)" data-bars="(\d+)" '
-                  r'data-spread="([\d.]+)" data-misordered="(\d+)">', out.stdout)
+                  r'data-spread="([\d.]+)" data-misordered="(\d+)" data-clipped="(\d+)" '
+                  r'data-clipped-text="([^"]*)">', out.stdout)
     assert m, f"no render marker in the DOM; chromium stderr: {out.stderr[-2000:]}"
-    svgs, shown, bars, spread, misordered = (float(g) for g in m.groups())
-    # 3 frontier charts + 3 strategies x 2 phases x (load bars + traffic heatmap)
-    assert svgs == shown == 3 + 3 * 2 * 2
+    assert m.group(7) == "", f"text cut off at its chart's edge: {m.group(7)}"
+    svgs, shown, bars, spread, misordered, clipped = (float(g) for g in m.groups()[:6])
+    assert clipped == 0
+    # 3 table keys (marker shapes) + 3 frontier charts + 3 strategies x 2 phases x (load bars + traffic heatmap)
+    assert svgs == shown == 3 + 3 + 3 * 2 * 2
     assert bars == 3 * 2 * 4 and spread < 1e-3 and misordered == 0
     for heading in ("Summary", "Frontier: time, bytes and balance", "Per-GPU load", "Traffic between GPUs"):
         assert f"<h2>{heading}</h2>" in out.stdout

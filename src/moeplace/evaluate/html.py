@@ -24,6 +24,8 @@ from moeplace.placement import Cluster
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
            "#bcbd22")  # one colour per strategy, in the answer's order
+MARKERS = ("circle", "square", "triangle", "diamond", "triangle-down", "pentagon", "star", "plus", "cross",
+           "hexagon")  # one marker shape per strategy, in the answer's order (with PALETTE: colour and shape)
 NODE_COLORS = ("#4c6ef5", "#12b886", "#f59f00", "#e64980", "#7950f2", "#15aabf", "#fd7e14", "#82c91e")
 MAX_MATRIX_GPUS = 64  # larger clusters get a node x node traffic matrix (a W x W one would be W*W marks each)
 PHASES = ("decode", "prefill")
@@ -36,7 +38,9 @@ _CSS = BASE_CSS + """h3{font-size:14px;margin:8px 0 4px}
 .panel{border:1px solid #e1e4ea;border-radius:6px;padding:6px 10px;background:#fafbfc}
 .panel p{font-size:12px;color:#5b6475;margin:2px 0;max-width:360px}
 svg text{font-family:inherit;fill:#3d4555}
-.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px 0 10px}
+svg.key{vertical-align:-2px;margin:0 4px 0 6px}
+.panel.empty{display:flex;align-items:center;justify-content:center;width:300px}
+.panel.empty p{font-size:13px;text-align:center}
 """
 
 
@@ -68,9 +72,59 @@ def _span(vals: list[float]) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------- SVG charts
 
 
+def _marker(shape: str, cx: float, cy: float, color: str, r: float = 5.5, title: str | None = None) -> str:
+    """One marker of ``shape`` (see MARKERS) centred on (cx, cy): translucent fill, solid outline, so a marker
+    drawn on another one leaves both outlines visible."""
+    style = f'class="marker" data-shape="{shape}" fill="{color}" fill-opacity="0.3" stroke="{color}" stroke-width="1.6"'
+    inner = "/>" if title is None else f"><title>{_esc(title)}</title></{'circle' if shape == 'circle' else 'polygon'}>"
+    if shape == "circle":
+        return f'<circle {style} cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}"{inner}'
+    a = r * 0.9
+    pts = {
+        "square": [(-a, -a), (a, -a), (a, a), (-a, a)],
+        "triangle": [(0, -1.2 * r), (1.1 * r, 0.8 * r), (-1.1 * r, 0.8 * r)],
+        "diamond": [(0, -1.3 * r), (1.1 * r, 0), (0, 1.3 * r), (-1.1 * r, 0)],
+        "triangle-down": [(0, 1.2 * r), (1.1 * r, -0.8 * r), (-1.1 * r, -0.8 * r)],
+        "pentagon": [(1.15 * r * np.sin(t), -1.15 * r * np.cos(t)) for t in np.arange(5) * 2 * np.pi / 5],
+        "hexagon": [(1.15 * r * np.sin(t), -1.15 * r * np.cos(t)) for t in np.arange(6) * 2 * np.pi / 6],
+        "star": [((1.35 if i % 2 == 0 else 0.6) * r * np.sin(t), -(1.35 if i % 2 == 0 else 0.6) * r * np.cos(t))
+                 for i, t in enumerate(np.arange(10) * np.pi / 5)],
+        "plus": [(-a / 3, -a), (a / 3, -a), (a / 3, -a / 3), (a, -a / 3), (a, a / 3), (a / 3, a / 3), (a / 3, a),
+                 (-a / 3, a), (-a / 3, a / 3), (-a, a / 3), (-a, -a / 3), (-a / 3, -a / 3)],
+        "cross": [(x * 0.7071 - y * 0.7071, x * 0.7071 + y * 0.7071) for x, y in
+                  [(-a / 3, -a * 1.2), (a / 3, -a * 1.2), (a / 3, -a / 3), (a * 1.2, -a / 3), (a * 1.2, a / 3),
+                   (a / 3, a / 3), (a / 3, a * 1.2), (-a / 3, a * 1.2), (-a / 3, a / 3), (-a * 1.2, a / 3),
+                   (-a * 1.2, -a / 3), (-a / 3, -a / 3)]],
+    }[shape]
+    d = " ".join(f"{cx + x:.1f},{cy + y:.1f}" for x, y in pts)
+    return f'<polygon {style} points="{d}"{inner}'
+
+
+def _text_width(text: str, size: float) -> float:
+    """A generous estimate of the width (px) of ``text`` in the page's sans-serif font at ``size`` px: wider than
+    the browser draws it, so space laid out with it never clips (the chromium test measures the real width)."""
+    return 0.64 * size * len(text)
+
+
+def _legend(entries: list[tuple[str, str, str]], x0: float, y0: float, width: float) -> tuple[list[str], float]:
+    """Legend entries (label, shape, colour) flowed left to right in rows inside [x0, x0 + width]; returns the
+    SVG elements and the height used."""
+    out, x, y, row_h = [], x0, y0 + 8, 15
+    for label, shape, color in entries:
+        w = 16 + _text_width(label, 10) + 10
+        if x > x0 and x + w > x0 + width:
+            x, y = x0, y + row_h
+        out.append(f'<g class="legend-entry">{_marker(shape, x + 6, y, color, r=4.5)}'
+                   f'<text x="{x + 16:.1f}" y="{y + 3.5:.1f}" font-size="10">{_esc(label)}</text></g>')
+        x += w
+    return out, y - y0 + 10
+
+
 def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
              lines: list[tuple[str, list[tuple[float, float]]]]) -> str:
-    """An x-y chart: ``points`` are dicts (name, x, y, color, tip); ``lines`` (color, [(x, y)]) join sweeps."""
+    """An x-y chart: ``points`` are dicts (name, x, y, color, shape, tip); ``lines`` (color, [(x, y)]) join
+    sweeps. Strategies are told apart by colour and marker shape, named in a legend under the axes (no labels
+    beside the points, which collide and clip); a point drawn on an earlier one says so in the legend."""
     w, h, ml, mr, mt, mb = 360, 280, 58, 14, 12, 44
     xs = [p["x"] for p in points] + [x for _, pts in lines for x, _ in pts]
     ys = [p["y"] for p in points] + [y for _, pts in lines for _, y in pts]
@@ -87,7 +141,16 @@ def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
     def py(y: float) -> float:
         return h - mb - (y - y0) / (y1 - y0) * (h - mt - mb)
 
-    out = [f'<svg class="chart frontier" data-kind="{kind}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+    drawn: list[tuple[str, float, float]] = []
+    entries = []
+    for p in points:
+        cx, cy = px(p["x"]), py(p["y"])
+        on = [n for n, a, b in drawn if abs(cx - a) < 6 and abs(cy - b) < 6]
+        drawn.append((p["name"], cx, cy))
+        entries.append((p["name"] + (f" (same point as {', '.join(on)})" if on else ""), p["shape"], p["color"]))
+    legend, lh = _legend(entries, 8, h, w - 16)
+    H = h + lh
+    out = [f'<svg class="chart frontier" data-kind="{kind}" width="{w}" height="{H:.0f}" viewBox="0 0 {w} {H:.0f}" '
            f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{_esc(ylabel)} vs {_esc(xlabel)}">',
            f'<rect x="{ml}" y="{mt}" width="{w - ml - mr}" height="{h - mt - mb}" fill="#fff" stroke="#ccd"/>']
     for t in xt:
@@ -104,18 +167,10 @@ def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
         d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
         out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"/>')
         out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="#fff" stroke="{color}"/>' for x, y in pts]
-    labels: list[tuple[float, float]] = []  # label anchors used so far: a point on top of another gets its
-    for p in points:  # label one line lower, so coinciding strategies stay readable
-        cx, cy = px(p["x"]), py(p["y"])
-        lx, ly = cx + 7, cy - 6
-        while any(abs(lx - a) < 40 and abs(ly - b) < 10 for a, b in labels):
-            ly += 11
-        labels.append((lx, ly))
+    for p, (_, cx, cy) in zip(points, drawn, strict=True):
         out.append(f'<g class="point" data-strategy="{_esc(p["name"])}" data-x="{p["x"]!r}" data-y="{p["y"]!r}">'
-                   f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5.5" fill="{p["color"]}" fill-opacity="0.7" '
-                   f'stroke="{p["color"]}"><title>{_esc(p["tip"])}</title></circle>'
-                   f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" style="fill:{p["color"]}">'
-                   f'{_esc(p["name"])}</text></g>')
+                   f'{_marker(p["shape"], cx, cy, p["color"], title=p["tip"])}</g>')
+    out += legend
     out.append("</svg>")
     return "".join(out)
 
@@ -201,12 +256,19 @@ def _table(result: dict) -> str:
         cells = [format_cell(k, row.get(k), fmt) for k, _, fmt in TABLE_COLUMNS]
         tds = "".join(f'<td data-key="{k}">{c}</td>' if c is not None else f'<td data-key="{k}" class="na">-</td>'
                       for (k, _, _), c in zip(TABLE_COLUMNS, cells, strict=True))
-        rows.append(f'<tr data-strategy="{_esc(name)}"><td><span class="swatch" '
-                    f'style="background:{PALETTE[i % len(PALETTE)]}"></span>{_esc(name)}</td>{tds}</tr>')
+        color, shape = _style(i)
+        rows.append(f'<tr data-strategy="{_esc(name)}"><td><svg class="key" width="14" height="14" '
+                    f'viewBox="0 0 14 14" aria-hidden="true">{_marker(shape, 7, 7, color, r=4.5)}</svg>'
+                    f"{_esc(name)}</td>{tds}</tr>")
     return f"<table><thead><tr><th>strategy</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _frontier(result: dict, colors: dict[str, str]) -> str:
+def _style(i: int) -> tuple[str, str]:
+    """Colour and marker shape of the ``i``-th strategy of an answer (the same in the table and every chart)."""
+    return PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]
+
+
+def _frontier(result: dict, styles: dict[str, tuple[str, str]]) -> str:
     rows = result["strategies"]
 
     def tip(n: str, r: dict) -> str:
@@ -221,33 +283,42 @@ def _frontier(result: dict, colors: dict[str, str]) -> str:
     panels = []
     for ph in ("prefill", "decode"):
         key = f"{ph}_layer_time_s"
-        pts = [{"name": n, "x": r["inter_node_bytes_vs_linear"], "y": r[key] * 1e6, "color": colors[n],
-                "tip": tip(n, r)} for n, r in rows.items() if r.get(key) is not None]
+        pts = [{"name": n, "x": r["inter_node_bytes_vs_linear"], "y": r[key] * 1e6, "color": styles[n][0],
+                "shape": styles[n][1], "tip": tip(n, r)} for n, r in rows.items() if r.get(key) is not None]
         if pts:
             panels.append((_scatter(pts, "inter-node bytes / linear", f"{ph} MoE layer time per micro-batch (us)",
                                     f"{ph}_time", []),
                            f"{ph.capitalize()}: predicted MoE layer time (dispatch + expert compute + combine, "
                            "slowest GPU of each micro-batch) against inter-node bytes. Lower left is better."))
         else:
-            panels.append((None, f"{ph.capitalize()}: no {ph} micro-batches were scored."))
+            panels.append((None, f"{ph.capitalize()}: no {ph} micro-batches in this trace, so there is no {ph} "
+                           "layer time to plot."))
     sweep = result.get("frontier") or {}
-    lines = [(colors.get(n, "#555"), [(p["balancedness"], p["inter_node_bytes_vs_linear"]) for p in pts])
+    lines = [(styles.get(n, ("#555",))[0], [(p["balancedness"], p["inter_node_bytes_vs_linear"]) for p in pts])
              for n, pts in sweep.items() if len(pts) > 1]
-    pts = [{"name": n, "x": r["balancedness"], "y": r["inter_node_bytes_vs_linear"], "color": colors[n],
-            "tip": tip(n, r)} for n, r in rows.items()]
+    pts = [{"name": n, "x": r["balancedness"], "y": r["inter_node_bytes_vs_linear"], "color": styles[n][0],
+            "shape": styles[n][1], "tip": tip(n, r)} for n, r in rows.items()]
     cap = "Balancedness (mean/max GPU load per layer, averaged) against inter-node bytes. Lower right is better."
     if lines:
         floors = [p["balance_floor"] for p in sweep.get("joint", [])[1:]]
         cap += " Dashed: joint re-planned at balance floors " + ", ".join(f"{f:g}" for f in floors) + "."
     panels.append((_scatter(pts, "balancedness (held-out)", "inter-node bytes / linear", "balance", lines), cap))
     return '<div class="grid">' + "".join(
-        f'<div class="panel">{svg or ""}<p class="{"" if svg else "na"}">{_esc(c)}</p></div>'
+        f'<div class="panel">{svg}<p>{_esc(c)}</p></div>' if svg else
+        f'<div class="panel empty"><p class="na">{_esc(c)}</p></div>'
         for svg, c in panels) + "</div>"
 
 
 def _phases(result: dict) -> list[str]:
     rows = result["strategies"].values()
     return [ph for ph in PHASES if any(r.get(_KEYS[ph][0]) is not None for r in rows)]
+
+
+def _no_phase(result: dict) -> list[str]:
+    """A line for each phase the answer has no rows of, while it has the other's (a decode-only trace)."""
+    have = _phases(result)
+    return [f"<h3>{ph.capitalize()}</h3><p class='na'>no {ph} micro-batches in this trace</p>"
+            for ph in PHASES if have and ph not in have]
 
 
 def _load(result: dict, cluster: Cluster) -> str:
@@ -268,6 +339,7 @@ def _load(result: dict, cluster: Cluster) -> str:
             panels.append(f'<div class="panel"><h3>{_esc(n)}</h3>{_bars(load, cluster.gpus_per_node, ymax, n, ph)}'
                           f"<p>{_esc(cap)}</p></div>")
         parts.append(f"<h3>{ph.capitalize()}</h3><div class='grid'>{''.join(panels)}</div>")
+    parts += _no_phase(result)
     if not parts:
         return "<p class='na'>The compare answer holds no per-GPU load (made before moeplace kept it).</p>"
     return ("<p class='note'>Token-expert pairs each GPU computed on the held-out window, summed over MoE layers; "
@@ -303,6 +375,7 @@ def _traffic(result: dict, cluster: Cluster) -> str:
                           f"<p>{_esc(cap)}</p></div>")
         parts.append(f"<h3>{ph.capitalize()} (darkest cell: {_bytes(vmax)})</h3><div class='grid'>{''.join(panels)}"
                      "</div>")
+    parts += _no_phase(result)
     if not parts:
         return "<p class='na'>The compare answer holds no traffic matrices (made before moeplace kept them).</p>"
     what = f"node to node ({W} GPUs are too many to draw one by one)" if by_node else "GPU to GPU"
@@ -322,7 +395,7 @@ def render_compare_html(result: dict) -> str:
         raise ValueError("compare result has no strategies")
     cluster = Cluster.parse(result["cluster"])
     synthetic = bool(result.get("synthetic"))
-    colors = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(result["strategies"])}
+    styles = {n: _style(i) for i, n in enumerate(result["strategies"])}
     title = f"Placement strategies compared: {result['trace']} on {result['cluster']}"
     badge = '<span class="badge">SYNTHETIC</span>' if synthetic else ""
     sub = (f"{cluster.num_nodes} nodes x {cluster.gpus_per_node} GPUs, R={result['num_redundant']} redundant slots "
@@ -336,7 +409,7 @@ def render_compare_html(result: dict) -> str:
         f"<section id='summary'><h2>Summary</h2>{warn}{_table(result)}<p class='note'>Held-out metrics of each "
         "plan (decode rows unless marked prefill). inter/lin: inter-node bytes divided by linear placement's; "
         "balance: mean/max GPU load; pre/eplb and dec/eplb: predicted layer time over eplb's.</p></section>",
-        f"<section id='frontier'><h2>Frontier: time, bytes and balance</h2>{_frontier(result, colors)}</section>",
+        f"<section id='frontier'><h2>Frontier: time, bytes and balance</h2>{_frontier(result, styles)}</section>",
         f"<section id='load'><h2>Per-GPU load</h2>{_load(result, cluster)}</section>",
         f"<section id='traffic'><h2>Traffic between GPUs</h2>{_traffic(result, cluster)}</section>",
     ]
