@@ -14,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from moeplace.analyse.accumulate import TokenAccumulator
+from moeplace.analyse.config import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WINDOW_TOKENS
 from moeplace.analyse.stats import (
     coactivation_lift,
     follow_share,
@@ -44,9 +45,6 @@ JS_LOG_BASE = 2
 CLASSIFIER = ("multinomial logistic regression (L2 0.01, standardised features) on per-layer L1-normalised expert "
               "counts; seeded stratified split")
 MAX_CLASSIFIER_SAMPLES = 4000  # a seeded subset beyond this keeps the fit to seconds
-DEFAULT_CHUNK_TOKENS = 65536
-DEFAULT_WINDOW_TOKENS = 16384
-DEFAULT_MAX_REQUEST_BYTES = 1 << 30  # per-request count vectors: S x 2 x L x E float32 within this budget
 NUM_TOP_PAIRS = 20
 MIN_PAIR_SUPPORT = 0.01  # a pair ranks by lift (and heads the report) only if seen in >= 1% of tokens
 STAT_KEYS = ("max_over_mean", "cv", "gini", "top10_share")

@@ -5,15 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moeplace.analyse.summary import (
-    DEFAULT_CHUNK_TOKENS,
-    DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_WINDOW_TOKENS,
-    analyse_trace,
-    format_summary,
-)
+from moeplace.analyse.config import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WINDOW_TOKENS
 from moeplace.cli import MAX_TOKENS, float_in, int_in, output_file
-from moeplace.io import atomic_write_json, check_output_path
 
 EXAMPLE = """example:
   moeplace analyze demo.trace --json out/analysis.json --html out/analysis.html --layer 12
@@ -25,6 +18,9 @@ cannot give are null and explained under "unavailable".
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from moeplace.analyse.summary import analyse_trace, format_summary
+    from moeplace.io import atomic_write_json, check_output_path
+
     for flag, out in (("--json", args.json), ("--html", args.html)):
         if out:  # before the analysis, so a bad path fails in a second, not after the whole run
             check_output_path(out, flag)

@@ -38,7 +38,7 @@ def cmd_predict_kernel(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from moeplace.simulate.kernels import KERNELS
+    from moeplace.simulate.config import KERNEL_NAMES
 
     p = sub.add_parser(
         "predict-kernel", help="predicted dispatch/combine time of one EP kernel call per EP size",
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model preset (docs/PRESETS.md), e.g. deepseek-v3")
     p.add_argument("--cluster-preset", required=True, help="cluster preset, e.g. h800-8")
     p.add_argument("--ep", type=ep_list, required=True, help="EP sizes, comma-separated (whole nodes, or one node)")
-    p.add_argument("--mode", choices=tuple(KERNELS), required=True, help="the kernel")
+    p.add_argument("--mode", choices=KERNEL_NAMES, required=True, help="the kernel")
     p.add_argument("--tokens-per-rank", type=int_in(1, 1 << 16), required=True,
                    help="tokens each rank dispatches (DeepEP: 128 low-latency, 4096 normal)")
     p.add_argument("--seed", type=int_in(0, 1 << 31), default=0, help="routing seed (default: %(default)s)")

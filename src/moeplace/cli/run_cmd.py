@@ -136,9 +136,8 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from moeplace.run.netns import MAX_GPUS_PER_NODE, MAX_NODES
-    from moeplace.run.replay import DTYPES
-    from moeplace.run.report import LIMITS, RunEpOptions
-    from moeplace.simulate import RULES
+    from moeplace.run.options import DTYPE_BYTES, LIMITS, RunEpOptions
+    from moeplace.simulate.config import RULES
 
     def lim(name: str, kind: type = int) -> Callable[[str], float]:
         return _bounded(kind, *LIMITS[name])
@@ -173,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"hidden size H, at most {LIMITS['hidden'][1]:g} (default {d.hidden})")
     p.add_argument("--ffn", type=lim("ffn"), default=d.ffn,
                    help=f"expert intermediate size, at most {LIMITS['ffn'][1]:g} (default: = hidden)")
-    p.add_argument("--dtype", default=d.dtype, choices=tuple(DTYPES),
+    p.add_argument("--dtype", default=d.dtype, choices=tuple(DTYPE_BYTES),
                    help=f"element type of hidden vectors (default {d.dtype})")
     p.add_argument("--batch-tokens", type=lim("batch_tokens"), default=d.batch_tokens,
                    help="micro-batch size as the simulator forms it: requests per decode window and prefill token "

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 
 from moeplace.cli import int_in, output_dir
-from moeplace.trace.describe import format_trace_info
-from moeplace.trace.importers import FORMATS, import_trace
-from moeplace.trace.store import trace_info
+from moeplace.trace.formats import FORMATS
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from moeplace.trace.describe import format_trace_info
+    from moeplace.trace.importers import import_trace
+    from moeplace.trace.store import trace_info
+
     options = {k: getattr(args, k) for k in ("limit", "model", "num_experts", "top_k", "hidden_size",
                                              "num_shared_experts")}
     options["weights"] = False if args.no_weights else None

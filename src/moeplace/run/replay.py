@@ -28,6 +28,7 @@ import torch.distributed as dist
 from moeplace.placement import Cluster, Plan
 from moeplace.run.dispatch import Dispatcher, TrafficRecorder
 from moeplace.run.layer import ExpertView, ExpertWeights, MoELayer, reference_moe
+from moeplace.run.options import DTYPE_BYTES, ReplayConfig  # noqa: F401  (re-exported)
 from moeplace.simulate import (
     DEFAULT_RULE,
     BatchConfig,
@@ -45,6 +46,7 @@ from moeplace.simulate.kernels import expert_seconds
 from moeplace.trace.store import PHASES, Trace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+assert {k: torch.tensor([], dtype=v).element_size() for k, v in DTYPES.items()} == DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -59,36 +61,6 @@ class MicroBatch:
 
     def __len__(self) -> int:
         return len(self.request_id)
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """How to replay: the layer's size and precision, and how often to repeat for timing."""
-
-    hidden: int = 256  # H: hidden size of the emulated layer
-    ffn: int | None = None  # expert intermediate size (None: = hidden)
-    dtype: str = "float32"  # element type of hidden vectors; sets bytes per element
-    two_hop: bool = False  # per-node dedup with intra-node forwarding (else per-GPU dedup)
-    repeats: int = 3  # R: timed repetitions of every (micro-batch, layer)
-    weights: str = "random"  # "random" experts, or "id" experts that encode their id (tests)
-    seed: int = 0  # expert weights and token hidden vectors
-    return_outputs: bool = False  # ranks return their outputs (tests compare them with the reference)
-    emulate_compute: bool = False  # wait the predicted expert time instead of computing (module docstring)
-    timeout: float = 600.0  # seconds before the run is stopped
-
-    def __post_init__(self) -> None:
-        if self.hidden < 1:
-            raise ValueError(f"replay: hidden must be >= 1, got {self.hidden}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"replay: dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
-        if self.repeats < 1:
-            raise ValueError(f"replay: repeats must be >= 1, got {self.repeats}")
-        if self.weights not in ("random", "id"):
-            raise ValueError(f"replay: weights {self.weights!r}: expected 'random' or 'id'")
-
-    @property
-    def bytes_per_element(self) -> int:
-        return torch.tensor([], dtype=DTYPES[self.dtype]).element_size()
 
 
 # ------------------------------------------------------------------------------------------------ routing

@@ -21,8 +21,8 @@ from typing import Any
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.run.netns import EmulatedCluster, cluster_lock, emulated_cluster, load_cluster
+from moeplace.run.options import LIMITS, RunEpOptions  # noqa: F401  (re-exported)
 from moeplace.run.replay import (
-    DTYPES,
     MicroBatch,
     ReplayConfig,
     ReplayResult,
@@ -34,25 +34,9 @@ from moeplace.run.replay import (
     select_window,
     summarize,
 )
-from moeplace.simulate import DEFAULT_RULE, RULES, BatchConfig
-from moeplace.trace.store import PHASES, Trace, read_trace
+from moeplace.simulate import BatchConfig
+from moeplace.trace.store import Trace, read_trace
 
-_DEFAULTS = ReplayConfig()
-
-# Accepted range of each numeric option, inclusive: (low, high). The CLI's argument types use the same table.
-LIMITS: dict[str, tuple[float, float]] = {
-    "hidden": (1, 65536),  # H: the largest published models use 7168-16384
-    "ffn": (1, 65536),  # F
-    "batch_tokens": (1, 1 << 20),
-    "microbatches": (1, 100_000),
-    "skip": (0, 10_000_000),
-    "repeats": (1, 1000),
-    "timeout": (1e-3, 7 * 86400.0),  # seconds
-    "inter_gbit": (1e-3, 400.0),  # Gbit/s per node link
-    "inter_delay_ms": (1e-3, 10_000.0),
-    "compute_flops": (1e3, 1e18),  # FLOP/s of the emulated device per rank
-    "compute_hbm_gbps": (1e-6, 1e6),  # GB/s of its weight memory
-}
 RANK_BASE_BYTES = 400 << 20  # what one rank process holds before any tensor (torch, gloo), measured on CPU
 MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and ".tmp" to the name (limit 255)
 
@@ -64,62 +48,6 @@ class ReportWriteError(OSError):
         self.path, self.report = path, report
         why = getattr(cause, "strerror", None) or cause
         super().__init__(getattr(cause, "errno", None), f"could not write the report to {path}: {why}")
-
-
-@dataclass(frozen=True)
-class RunEpOptions:
-    """What to replay, on what, and where the report goes; checked on construction (ranges in :data:`LIMITS`)."""
-
-    trace: Path  # per-token trace directory
-    plan: Path  # plan JSON
-    cluster: str  # "NxG", must equal the plan's cluster
-    hidden: int = _DEFAULTS.hidden  # H of the emulated layer
-    ffn: int | None = _DEFAULTS.ffn  # F (None: = hidden)
-    dtype: str = _DEFAULTS.dtype  # element type of hidden vectors
-    batch_tokens: int = 256  # the simulator's micro-batch size: decode requests per window, prefill token budget
-    phase: str = "decode"  # which micro-batches
-    microbatches: int = 8  # how many whole micro-batches to replay
-    skip: int = 0  # micro-batches of the phase skipped first
-    repeats: int = _DEFAULTS.repeats  # timed repeats
-    two_hop: bool = _DEFAULTS.two_hop  # per-node dedup with forwarding inside the node
-    rule: str = DEFAULT_RULE  # replica rule
-    timeout: float = _DEFAULTS.timeout  # seconds before the ranks are stopped
-    emulate: bool = False  # run on a private emulated cluster (one network namespace per node)
-    inter_gbit: float | None = None  # with emulate: each node's link rate, Gbit/s
-    inter_delay_ms: float | None = None  # with emulate: one-way inter-node delay, ms
-    netns: str | None = None  # run on the cluster `moeplace cluster up --name NETNS` brought up
-    json_out: Path | None = None  # write the report here (None: the caller prints it)
-    fail_rank: int | None = None  # test hook: that rank exits right after joining the group
-    emulate_compute: bool = False  # wait the time model's expert compute of each rank instead of computing
-    compute_flops: float | None = None  # with emulate_compute: FLOP/s per rank (None: the plan cluster's)
-    compute_hbm_gbps: float | None = None  # with emulate_compute: weight-memory GB/s (None: the plan cluster's)
-
-    def __post_init__(self) -> None:
-        for name, (lo, hi) in LIMITS.items():
-            v = getattr(self, name)
-            if v is None:
-                continue
-            integral = isinstance(lo, int) and isinstance(hi, int)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)) \
-                    or not lo <= v <= hi:
-                kind = "an integer" if integral else "a number"
-                raise ValueError(f"{name} must be {kind} in [{lo:g}, {hi:g}], got {v!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
-        if self.phase not in PHASES:
-            raise ValueError(f"phase {self.phase!r}: expected one of {PHASES}")
-        if self.rule not in RULES:
-            raise ValueError(f"replica rule {self.rule!r}: expected one of {RULES}")
-        if self.emulate and self.netns:
-            raise ValueError("--emulate builds a private cluster and --netns uses an existing one; "
-                             "give one of them")
-        for flag, v in (("--inter-gbit", self.inter_gbit), ("--inter-delay-ms", self.inter_delay_ms)):
-            if v is not None and not self.emulate:
-                raise ValueError(f"{flag} shapes the private cluster of --emulate and does nothing without "
-                                 f"it (a --netns cluster is shaped by 'moeplace cluster up {flag}')")
-        for flag, v in (("--compute-flops", self.compute_flops), ("--compute-hbm-gbps", self.compute_hbm_gbps)):
-            if v is not None and not self.emulate_compute:
-                raise ValueError(f"{flag} sets the emulated device of --emulate-compute and does nothing without it")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ import os
 import re
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from moeplace.trace.formats import FORMATS, ImportFormat  # noqa: F401  (the registry; re-exported)
 from moeplace.trace.store import (
     DECODE,
     MAX_EXPERTS,
@@ -939,40 +940,7 @@ def import_sglang_stat(
     return out_p
 
 
-# --------------------------------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class ImportFormat:
-    """One entry of :data:`FORMATS`."""
-
-    name: str
-    func: Callable[..., Path]
-    help: str  # one line for ``moeplace trace import --help``
-    counts_only: bool  # True: the trace holds aggregate counts, not per-token routing
-    options: tuple[str, ...] = ()  # keyword options the importer accepts besides overwrite
-
-
-FORMATS: dict[str, ImportFormat] = {
-    f.name: f
-    for f in (
-        ImportFormat("gpt-oss-npz", import_gpt_oss_npz, "gpt-oss-20b decode routing: DIR with decode_routing.npz "
-                     "+ decode_routing_meta.jsonl", False, ("limit", "weights")),
-        ImportFormat("gpt-oss-summaries", import_gpt_oss_summaries, "gpt-oss-20b per-group expert frequencies: DIR "
-                     "with domain_summaries.npz + domain_summaries_meta.json (counts-only)", True),
-        ImportFormat("olmoe-npz", import_olmoe_npz, "OLMoE/Mixtral per-domain expert counts: olmoe-mixtral/"
-                     "<model>.npz (counts-only)", True),
-        ImportFormat("vllm-routed", import_vllm_routed, "vLLM routed_experts per request (0.32+; 0.21's "
-                     "prompt_routed_experts too): .jsonl or .npz", False,
-                     ("model", "num_experts", "hidden_size", "num_shared_experts")),
-        ImportFormat("sglang-per-token", import_sglang_per_token, "SGLang expert distribution recorder, per_token "
-                     "mode: expert_distribution_recorder_*.pt", False,
-                     ("model", "num_experts", "hidden_size", "num_shared_experts")),
-        ImportFormat("sglang-stat", import_sglang_stat, "SGLang expert distribution recorder, stat mode: "
-                     "expert_distribution_recorder_*.pt (counts-only)", True,
-                     ("model", "top_k", "hidden_size", "num_shared_experts")),
-    )
-}
+# ------------------------------------------------------------------------------------- import (registry: formats.py)
 
 
 def import_trace(fmt: str, src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
