@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from moeplace.cli import main
+from moeplace.evaluate.compare import frontier_figure
 from moeplace.placement import Plan
 from moeplace.plan import STRATEGIES
 from moeplace.trace import TraceMeta, TraceWriter
@@ -64,6 +65,12 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
             assert key in row
     assert abs(res["strategies"]["linear"]["inter_node_bytes_vs_linear"] - 1.0) < 1e-9
     assert len(res["frontier"]["joint"]) == 3 and (tmp_path / "f.png").exists()
+    assert f"wrote {tmp_path / 'f.png'} (frontier plot)" in capsys.readouterr().out
+    fig = frontier_figure(res["frontier"], "Balance-floor frontier: t")
+    ax = fig.axes[0]
+    assert ax.get_title() == "Balance-floor frontier: t" and "lower is better" in ax.get_ylabel()
+    assert "higher is better" in ax.get_xlabel() and [t.get_text() for t in ax.texts] == ["better: lower right"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(res["frontier"])
     plan = tmp_path / "plan.json"
     assert main(["plan", str(path), "--strategy", "eplb", "--cluster", "2x1", "--out", str(plan)]) == 0
     # this trace records no moe_layer_map: the row count is unknown until the user says every layer is MoE

@@ -149,6 +149,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
           f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens, "
           f"arrival order: {res['arrival']})")
     print(format_table(res))
+    if args.plot:
+        print(f"wrote {args.plot} (frontier plot)")
     if args.json:
         atomic_write_json(res, args.json)
         print(f"wrote {args.json}")

@@ -166,27 +166,40 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_frontier(frontier: dict, out: str) -> None:
-    """Draw the frontier (held-out balancedness vs inter-node bytes / linear) to an image file ``out``."""
+def frontier_figure(frontier: dict, title: str = "Balance-floor frontier"):
+    """The frontier as a matplotlib figure: held-out balancedness against inter-node bytes / linear, one line per
+    strategy of ``frontier`` ({name: [{"balancedness", "inter_node_bytes_vs_linear", ...}]}), titled ``title``,
+    with an arrow to the better corner (lower right: more balanced, fewer bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from moeplace.io import atomic_write_bytes
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, pts in frontier.items():
         pts = sorted(pts, key=lambda p: p["balancedness"])
         ax.plot([p["balancedness"] for p in pts], [p["inter_node_bytes_vs_linear"] for p in pts],
                 marker="o", label=name)
-    ax.set_xlabel("balancedness (held-out, mean/max GPU load)")
-    ax.set_ylabel("inter-node bytes / linear")
+    ax.set_xlabel("balancedness (held-out, mean/max GPU load; higher is better)")
+    ax.set_ylabel("inter-node bytes / linear  (lower is better)")
+    ax.set_title(title, fontsize=10)
+    ax.annotate("better: lower right", xy=(0.97, 0.05), xytext=(0.72, 0.28), xycoords="axes fraction", fontsize=9,
+                ha="center", color="#2b8a3e", arrowprops={"arrowstyle": "->", "color": "#2b8a3e", "lw": 1.5})
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
+    return fig
+
+
+def plot_frontier(frontier: dict, out: str, title: str = "Balance-floor frontier") -> None:
+    """Write :func:`frontier_figure` to the image file ``out`` (format from its suffix; png without one)."""
     import io
 
+    import matplotlib.pyplot as plt
+
+    from moeplace.io import atomic_write_bytes
+
+    fig = frontier_figure(frontier, title)
     buf = io.BytesIO()
     fig.savefig(buf, dpi=120, format=out.rsplit(".", 1)[-1] if "." in out else "png")
     plt.close(fig)
@@ -209,7 +222,8 @@ def run_compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: 
         res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,
                                       prefix_tokens, balance_floor, params, progress, arrival, **scoring)
         if plot:
-            plot_frontier(res["frontier"], plot)
+            plot_frontier(res["frontier"], plot, f"Balance-floor frontier: {res['trace']} on {res['cluster']}, "
+                          f"R={res['num_redundant']} (held-out requests)")
     elif plot:
         raise ValueError("a frontier plot needs a floor sweep (--sweep-floor)")
     return res
