@@ -4,6 +4,8 @@ layout or refused) and vLLM's EPLB mapping; plans carry the model layout through
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,16 @@ import pytest
 from moeplace.cli import main
 from moeplace.placement import Cluster, ModelLayers, Placement, Plan
 from moeplace.plan.eplb import rebalance
-from moeplace.plan.export import export_plan, from_sglang, from_vllm, resolve_layers, to_sglang, to_vllm
+from moeplace.plan.export import (
+    EXPORTERS,
+    export_all,
+    export_plan,
+    from_sglang,
+    from_vllm,
+    resolve_layers,
+    to_sglang,
+    to_vllm,
+)
 from moeplace.schema import SchemaError
 
 
@@ -131,3 +142,41 @@ def test_cli_plan_records_the_trace_layout_and_export_needs_no_trace(tmp_path, c
     rows = json.loads((tmp_path / "s.json").read_text())["physical_to_logical_map"]
     assert len(rows) == 3 and rows[1:] == plan.placement.phy2log.tolist()
     capsys.readouterr()
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+def test_exporters_registry_declares_parameters_and_refuses_others(placement, tmp_path):
+    assert set(EXPORTERS) == {"sglang", "vllm"}
+    assert {p.name for p in EXPORTERS["sglang"].params} == {"moe_layer_map", "num_decoder_layers"}
+    assert EXPORTERS["vllm"].params == ()
+    plan = Plan(placement, Cluster(2, 2), strategy="eplb", model_layers=ModelLayers((0, 1, 2, 3), 4))
+    with pytest.raises(ValueError, match="export format 'vllm' has no parameter 'num_decoder_layers'"):
+        export_plan(plan, "vllm", tmp_path / "v.json", num_decoder_layers=4)
+    with pytest.raises(ValueError, match="parameter 'num_decoder_layers': expected an integer"):
+        export_plan(plan, "sglang", tmp_path / "s.json", num_decoder_layers="4")
+    # every format into one folder, each given only the facts it declares
+    files = export_all(plan, tmp_path / "all", "p.", {"moe_layer_map": [0, 1, 2, 3]})
+    assert [f.name for f in files] == ["p.sglang.json", "p.vllm.json"]
+    for f, fmt in zip(files, ("sglang", "vllm"), strict=True):
+        assert f.read_bytes() == export_plan(plan, fmt, tmp_path / f"{fmt}.json").read_bytes()
+
+
+def export_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moeplace", "export", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_export_refuses_a_flag_the_format_does_not_take(placement, tmp_path):
+    plan = Plan(placement, Cluster(2, 2), strategy="eplb", model_layers=ModelLayers((0, 1, 2, 3), 4))
+    p = str(plan.save(tmp_path / "plan.json"))
+    for flag, value in (("--trace", str(tmp_path)), ("--num-decoder-layers", "4")):
+        out = export_cli(p, "--format", "vllm", flag, value, "--out", str(tmp_path / "v.json"))
+        assert out.returncode == 2, out.stderr
+        err = out.stderr.strip().splitlines()
+        assert len(err) == 1 and flag in err[0] and "--format vllm" in err[0], err
+        assert not (tmp_path / "v.json").exists()
+    out = export_cli(p, "--format", "sglang", "--num-decoder-layers", "4", "--out", str(tmp_path / "s.json"))
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads((tmp_path / "s.json").read_text())["physical_to_logical_map"]) == 4

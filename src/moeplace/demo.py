@@ -62,7 +62,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     from moeplace.evaluate import compare, format_table
     from moeplace.plan import MOE_STRATEGIES, get_strategy, make_plan
     from moeplace.plan.base import workload_from_trace
-    from moeplace.plan.export import export_plan
+    from moeplace.plan.export import export_all
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.store import trace_info
@@ -115,12 +115,11 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     t0 = stage(4, f"plan '{best}' on the whole trace and export it")
     work, info = workload_from_trace(cfg.trace, 32)
     plan = make_plan(best, work, cluster, cfg.redundant, planned_on=str(cfg.trace), seed=cfg.seed)
-    for f, fn in ((f"{best}.plan.json", lambda p: plan.save(p)),
-                  (f"{best}.sglang.json", lambda p: export_plan(plan, "sglang", p, info.get("moe_layer_map"))),
-                  (f"{best}.vllm.json", lambda p: export_plan(plan, "vllm", p))):
-        fn(out / f)
-        written.append(out / f)
-        say(f"  wrote {out / f}")
+    files = [plan.save(out / f"{best}.plan.json"),
+             *export_all(plan, out, f"{best}.", {"moe_layer_map": info.get("moe_layer_map")})]
+    for f in files:
+        written.append(Path(f))
+        say(f"  wrote {f}")
     row = cmp["strategies"].get(best)
     if row:
         say(f"\n'{best}' on held-out requests: inter-node bytes {row['inter_node_bytes_vs_linear']:.2f}x linear, "

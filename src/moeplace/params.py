@@ -18,8 +18,8 @@ class Param:
     """One declared parameter. Numbers lie in ``[lo, hi]`` (``lo_open``: ``(lo, hi]``); None: unbounded."""
 
     name: str  # keyword name; the CLI flag is --name-with-dashes
-    type: type  # int, float or str
-    default: object
+    type: type  # int, float, str or list
+    default: object  # None: unset unless given (the entry decides what that means, said in its help)
     help: str  # one line, without the default (added by :meth:`describe`)
     lo: float | None = None
     hi: float | None = None
@@ -44,7 +44,8 @@ class Param:
         """'help (int in [1, 1e+12], default 1000)'."""
         kind = "|".join(map(str, self.choices)) if self.choices else self.type.__name__
         rng = self.range_text()
-        return f"{self.help} ({kind}{' in ' + rng if rng else ''}, default {self.default})"
+        default = "" if self.default is None else f", default {self.default}"
+        return f"{self.help} ({kind}{' in ' + rng if rng else ''}{default})"
 
     def check(self, value: object, owner: str) -> object:
         """``value`` as this parameter's type; ValueError naming the parameter and ``owner`` otherwise."""
@@ -59,6 +60,8 @@ class Param:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ValueError(f"{where}: expected a finite number, got {value!r}")
             v = float(value)
+        elif self.type is list and isinstance(value, tuple):
+            v = list(value)
         else:
             if not isinstance(value, self.type):
                 raise ValueError(f"{where}: expected {self.type.__name__}, got {value!r}")

@@ -23,7 +23,7 @@ from moeplace.params import Param
 from moeplace.placement import Plan
 from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, get_strategy, make_plan
 from moeplace.plan.base import workload_from_trace
-from moeplace.plan.export import MAX_DECODER_LAYERS, layers_of_trace
+from moeplace.plan.export import EXPORTERS, MAX_DECODER_LAYERS, layers_of_trace
 from moeplace.plan.loadfile import read_load
 
 FLAG_ALIASES = {"num_groups": "--groups"}  # the flag a parameter had before the registry declared it
@@ -162,9 +162,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from moeplace.plan.export import export_plan
+EXPORT_FLAGS = (("trace", "--trace", "moe_layer_map"), ("num_decoder_layers", "--num-decoder-layers",
+                                                          "num_decoder_layers"))  # dest, flag, exporter parameter
 
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from moeplace.plan.export import export_plan, get_exporter
+
+    takes = {p.name for p in get_exporter(args.format).params}
+    for dest, flag, param in EXPORT_FLAGS:
+        if getattr(args, dest) is not None and param not in takes:
+            raise CliError(f"{flag} does not apply to --format {args.format} (its parameters: "
+                           f"{', '.join(sorted(takes)) or 'none'})")
     plan = Plan.load(args.plan)
     lm, D = None, args.num_decoder_layers
     if args.trace:
@@ -174,7 +183,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         if layers is not None:
             lm, D = list(layers.moe_layer_map), D if D is not None else layers.num_decoder_layers
     try:
-        export_plan(plan, args.format, args.out, lm, D)
+        export_plan(plan, args.format, args.out, moe_layer_map=lm, num_decoder_layers=D)
     except ValueError as e:
         raise CliError(str(e)) from None
     print(f"wrote {args.format} mapping of {args.plan} -> {args.out}")
@@ -260,7 +269,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     e.add_argument("plan", type=input_file, help="plan JSON from 'moeplace plan'")
-    e.add_argument("--format", required=True, choices=("sglang", "vllm"))
+    e.add_argument("--format", required=True, choices=list(EXPORTERS),
+                   help="; ".join(f"{x.name}: {x.summary}" for x in EXPORTERS.values()))
     e.add_argument("--out", required=True, type=output_file, help="JSON file to write")
     e.add_argument("--trace", help="sglang: trace whose moe_layer_map places MoE layers among decoder layers "
                    "(default: the layout the plan records)")

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.deploy import ModelPreset, find_model, get_model
 from moeplace.io import atomic_write_json
 from moeplace.operate.counters import count_window
 from moeplace.operate.migration import MigrationPlan, expert_bytes, migration_plan
 from moeplace.operate.policies import Context, Observation, Policy, PolicyState, make_policy
 from moeplace.operate.streams import Stream
 from moeplace.placement import Cluster, ModelLayers, Placement, Plan
-from moeplace.plan.export import export_plan, layers_of_trace
-from moeplace.deploy import ModelPreset, find_model, get_model
+from moeplace.plan.export import export_all, layers_of_trace
 from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
 from moeplace.simulate.routing import mean_balancedness
 
@@ -144,8 +144,7 @@ class PlanWriter:
         for d in reversed(dirs):  # history first, so plan.json is always the newest complete change
             if migration is not None:
                 atomic_write_json({**migration.to_json(), **info}, d / "migration.json")
-            export_plan(plan, "sglang", d / "sglang.json")
-            export_plan(plan, "vllm", d / "vllm.json")
+            export_all(plan, d)
             plan.save(d / "plan.json")
 
 

@@ -1,0 +1,92 @@
+"""Export a plan's placement to the engines, one module per engine in one registry (:data:`EXPORTERS`).
+
+- :mod:`.sglang`: SGLang's ``--init-expert-location`` JSON, ``[decoder layers][P]`` (dense layers trivial);
+- :mod:`.vllm`: vLLM's EPLB mapping over MoE layers, and :func:`.vllm.apply_to_vllm` to install it;
+- :mod:`.base`: the model's layer layout (:func:`.base.resolve_layers`, :func:`.base.layers_of_trace`).
+
+Each :class:`Exporter` declares its parameters (:class:`moeplace.params.Param`); :func:`export_plan` refuses one
+the format does not declare, so ``export --format vllm --trace T`` is an error, not a silently ignored flag.
+``moeplace export``, the operate loop and the demo all write through this registry. Adding an engine is one module
+and one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from moeplace.io import atomic_write_json
+from moeplace.params import Param, bind, check_declared
+from moeplace.placement import Plan
+from moeplace.plan.export.base import MAX_DECODER_LAYERS, layers_of_trace, resolve_layers
+from moeplace.plan.export.sglang import export_sglang, from_sglang, to_sglang
+from moeplace.plan.export.vllm import apply_to_vllm, export_vllm, from_vllm, to_vllm
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """One engine format: ``build(plan, **params)`` is the JSON object written to ``file_name``."""
+
+    name: str
+    summary: str  # one line for the CLI
+    build: Callable[..., dict]
+    file_name: str  # what the operate loop and the demo call the file (the demo prefixes the strategy)
+    params: tuple[Param, ...] = ()
+
+
+_ALL = (
+    Exporter("sglang", "SGLang --init-expert-location: physical_to_logical_map [decoder layers][P]", export_sglang,
+             "sglang.json",
+             (Param("moe_layer_map", list, None, "the decoder layer id of each MoE layer (from a trace; default: "
+                    "the layout the plan records)"),
+              Param("num_decoder_layers", int, None, "decoder layers of the model, dense ones included (default: "
+                    "the plan's or the trace's record)", 1, MAX_DECODER_LAYERS))),
+    Exporter("vllm", "vLLM EPLB state: physical_to_logical_map [MoE layers][P] and its shape facts", export_vllm,
+             "vllm.json"),
+)
+EXPORTERS: dict[str, Exporter] = {e.name: e for e in _ALL}
+
+
+def _check_registry() -> None:
+    assert len(EXPORTERS) == len(_ALL), "duplicate exporter name"
+    assert len({e.file_name for e in _ALL}) == len(_ALL), "two exporters write one file name"
+    for e in _ALL:
+        check_declared(e.params, f"export format {e.name!r}")
+
+
+_check_registry()
+
+
+def get_exporter(fmt: str) -> Exporter:
+    """The exporter ``fmt``; ValueError listing the known formats otherwise."""
+    try:
+        return EXPORTERS[fmt]
+    except KeyError:
+        raise ValueError(f"export format {fmt!r}: expected one of {', '.join(EXPORTERS)}") from None
+
+
+def export_plan(plan: Plan, fmt: str, out: str | Path, **params: object) -> Path:
+    """Write ``plan`` in engine format ``fmt`` (a key of :data:`EXPORTERS`) to ``out``, atomically. ``params``: the
+    format's declared parameters (a None value counts as not given); ValueError naming one it does not declare,
+    or when the export cannot be made (sglang: the row count is not known)."""
+    ex = get_exporter(fmt)
+    given = {k: v for k, v in params.items() if v is not None}
+    return atomic_write_json(ex.build(plan, **bind(ex.params, given, f"export format {fmt!r}")), out, indent=None)
+
+
+def export_all(plan: Plan, folder: str | Path, prefix: str = "", known: Mapping[str, object] | None = None
+               ) -> list[Path]:
+    """Write ``plan`` in every registered format into ``folder`` as ``prefix + file_name``. ``known``: facts
+    about the model (e.g. a trace's ``moe_layer_map``); each format gets those it declares and no others."""
+    known = dict(known or {})
+    out = []
+    for ex in _ALL:
+        names = {p.name for p in ex.params}
+        out.append(export_plan(plan, ex.name, Path(folder) / f"{prefix}{ex.file_name}",
+                               **{k: v for k, v in known.items() if k in names}))
+    return out
+
+
+__all__ = ["EXPORTERS", "MAX_DECODER_LAYERS", "Exporter", "apply_to_vllm", "export_all", "export_plan",
+           "from_sglang", "from_vllm", "get_exporter", "layers_of_trace", "resolve_layers", "to_sglang", "to_vllm"]
