@@ -20,8 +20,7 @@ DEPLOYMENT_FLAGS = ("--cluster", "--cluster-preset", "--hidden-size", "--dispatc
 def add_deployment_options(parser: argparse.ArgumentParser, cluster_default: str | None = None) -> None:
     """Add the deployment group (:data:`DEPLOYMENT_FLAGS`) to ``parser``."""
     from moeplace.deploy import CLUSTER_PRESETS, Deployment
-    from moeplace.simulate.kernels import MODES
-    from moeplace.simulate.routing import RULES
+    from moeplace.simulate.config import MODES, RULES
 
     d = Deployment.__dataclass_fields__
     g = parser.add_argument_group("deployment", "the cluster and what a layer costs on it (docs/PRESETS.md)")

@@ -1,0 +1,80 @@
+"""The CLI starts fast: building the parser imports no heavy library, and every ``--help`` returns quickly.
+
+The first test is exact (which modules are loaded), so it cannot flake; the second is a wall-clock cap with a wide
+margin (3 s where 1 s is the target on 2 busy cores), to catch a heavy import that creeps back through a path the
+first test does not build (a subcommand's own parser).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+HEAVY = ("numpy", "torch", "numba", "pyarrow", "scipy", "transformers", "matplotlib", "pandas", "sklearn")
+HELP_CAP_S = 3.0
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.strip()
+
+
+def test_build_parser_imports_nothing_heavy():
+    code = ("import sys, json; import moeplace.cli; moeplace.cli.build_parser(); "
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    assert json.loads(_run(code)) == []
+
+
+@pytest.mark.parametrize("module", ["moeplace.simulate.config", "moeplace.trace.formats", "moeplace.run.options",
+                                    "moeplace.analyse.config", "moeplace.params", "moeplace.simulate",
+                                    "moeplace.trace", "moeplace.analyse", "moeplace.operate"])
+def test_light_modules_stay_light(module):
+    code = f"import sys, json; import {module}; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    assert json.loads(_run(code)) == [], module
+
+
+def test_light_registries_match_the_heavy_ones():
+    from moeplace.run.options import DTYPE_BYTES
+    from moeplace.run.replay import DTYPES
+    from moeplace.simulate.config import KERNEL_NAMES
+    from moeplace.simulate.kernels import KERNELS
+    from moeplace.trace.formats import FORMATS
+
+    assert tuple(KERNELS) == KERNEL_NAMES
+    assert set(DTYPES) == set(DTYPE_BYTES)
+    for f in FORMATS.values():
+        assert callable(f.func), f.name
+
+
+def _commands() -> list[list[str]]:
+    """Every command and subcommand, as argv lists (from the parser itself, so a new command is covered)."""
+    import argparse
+
+    from moeplace.cli import build_parser
+
+    def walk(p: argparse.ArgumentParser, prefix: list[str]) -> list[list[str]]:
+        out = [prefix]
+        for a in p._actions:  # argparse has no public way to list subparsers
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    out += walk(sp, [*prefix, name])
+        return out
+
+    return walk(build_parser(), [])
+
+
+def test_every_help_is_fast():
+    slow = []
+    for argv in _commands():
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "moeplace", *argv, "--help"], capture_output=True, text=True,
+                           timeout=120)
+        dt = time.perf_counter() - t0
+        assert r.returncode == 0, (argv, r.stderr[-500:])
+        if dt > HELP_CAP_S:
+            slow.append((" ".join(argv) or "(top)", round(dt, 2)))
+    assert not slow, f"--help over {HELP_CAP_S} s: {slow}"
