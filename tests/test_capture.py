@@ -373,7 +373,18 @@ def test_cli_record(model_dir, tmp_path, capsys):
     assert tr.requests.domain.tolist() == ["code", "math", "chat", "unknown"]
     assert tr.requests.prompt_len.tolist() == [4, 5, 4, 2]
     assert (tr.requests.gen_len <= 2).all()
-    assert "recorded 4 requests" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "recorded 4 requests" in captured.out
+    assert "4/4 requests" in captured.err and "ETA" in captured.err  # the progress bar estimates the time left
+    rc = main(["trace", "record", "--model", str(model_dir), "--prompts", str(prompts), "--max-new-tokens", "3",
+               "--max-requests", "2", "--sample-every", "1", str(tmp_path / "two.trace")])
+    assert rc == 0, capsys.readouterr().err
+    two = read_trace(tmp_path / "two.trace")
+    assert two.requests.domain.tolist() == ["code", "math"]  # the first 2 requests, in prompt order
+    assert "recorded 2 requests" in capsys.readouterr().out
+    assert main(["trace", "record", "--model", str(model_dir), "--prompts", str(prompts), "--max-new-tokens", "3",
+                 "--max-requests", "0", str(tmp_path / "none.trace")]) == 2
+    assert "--max-requests" in capsys.readouterr().err
 
 
 def test_cli_help_has_example(capsys):

@@ -14,6 +14,7 @@ from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
 EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
   moeplace trace record --model reference --prompts builtin --max-new-tokens 32 --sample-every 2 ref.trace
+  moeplace trace record --model reference --prompts builtin --max-new-tokens 16 --max-requests 24 quick.trace
   moeplace trace record --model src/moeplace/data/reference-fg \
       --prompts src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 \
       --no-weights --sample-every 2 --batch-size 64 reference-fg.trace
@@ -116,7 +117,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                 domains=[r.get("domain") or "unknown" for r in rows],
                 sources=[prompt_source(r) or default_source for r in rows],
                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
-                flush_every=args.flush_every,
+                flush_every=args.flush_every, max_requests=args.max_requests,
                 generate_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
             )
     except _Terminated:
@@ -152,6 +153,8 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help="requests per generate call (default 8)")
     p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=1, metavar="n",
                    help="record 1 in n requests, chosen by request id (default 1: all)")
+    p.add_argument("--max-requests", type=int_in(1, 1 << 30), default=None, metavar="N",
+                   help="record only the first N (sampled) requests of PROMPTS, for a quick look (default: all)")
     p.add_argument("--device", type=device_spec, default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="weights dtype (default auto: as saved)")

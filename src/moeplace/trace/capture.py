@@ -564,6 +564,7 @@ def record_generate(
     generate_kwargs: dict | None = None,
     progress: bool = False,
     flush_every: int | None = DEFAULT_FLUSH_EVERY,
+    max_requests: int | None = None,
 ) -> dict:
     """Run ``prompts`` through ``model.generate`` in left-padded batches and write their routing to ``writer``.
 
@@ -574,6 +575,8 @@ def record_generate(
     otherwise; EOS defaults to the model's generation config, else the tokenizer's.
     ``flush_every``: write a shard after at least this many requests (after the batch that reaches it), so a
     kill loses at most that many; None flushes only when the writer's shard is full.
+    ``max_requests``: record only the first this many sampled requests (in prompt order); None records all.
+    ``progress`` shows a bar on stderr with requests done, elapsed time, the estimated time left and the rate.
     A prompt whose length plus ``max_new_tokens`` exceeds the model's ``max_position_embeddings`` is refused
     (ValueError naming the request) before anything runs: the model was never trained on such positions.
     The top-k weights are recorded when ``writer.meta.has_weights`` (``trace_meta(..., record_weights=False)``
@@ -589,6 +592,8 @@ def record_generate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if flush_every is not None and flush_every < 1:
         raise ValueError(f"flush_every must be >= 1, got {flush_every}")
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
     rids = np.arange(R, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
     dom = ["unknown"] * R if domains is None else list(domains)
     src = [""] * R if sources is None else list(sources)
@@ -601,7 +606,7 @@ def record_generate(
     sample_every = int(round(1.0 / rate))
     if abs(1.0 / sample_every - rate) > 1e-9:
         raise ValueError(f"writer sampling_rate {rate} is not 1/n for an integer n")
-    chosen = np.flatnonzero(sample_mask(rids, sample_every))
+    chosen = np.flatnonzero(sample_mask(rids, sample_every))[:max_requests]
     ids = _tokenize(tokenizer, [prompts[i] for i in chosen])
     max_pos = getattr(_text_config(model), "max_position_embeddings", None)
     if isinstance(max_pos, int) and max_pos > 0:
@@ -624,7 +629,9 @@ def record_generate(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(chosen), unit="req", desc="recording")
+        bar = tqdm(total=len(chosen), unit="req", desc="recording", dynamic_ncols=True,
+                   bar_format="{desc} {n_fmt}/{total_fmt} requests |{bar}| {elapsed} elapsed, ETA {remaining} "
+                              "({rate_fmt}){postfix}")
     n_pre = n_dec = 0
     since_flush = 0
     t0 = time.perf_counter()
@@ -653,6 +660,7 @@ def record_generate(
                         writer.flush()  # a kill from here on loses nothing recorded so far
                     since_flush = 0
                 if bar is not None:
+                    bar.set_postfix_str(f"{n_pre:,} prefill + {n_dec:,} decode tokens", refresh=False)
                     bar.update(len(idx))
     finally:
         if bar is not None:
