@@ -3,6 +3,7 @@
 #   bash scripts/setup.sh          # runtime dependencies
 #   bash scripts/setup.sh --test   # plus test tools, Debian's chromium (HTML report and dashboard tests) and
 #                                  # Debian's prometheus (promtool and the server, for the operate alert tests)
+#   MOEPLACE_NO_APT=1 bash scripts/setup.sh --test   # the same without apt-get (those tests are skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -22,21 +23,23 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   .venv/bin/python -c "import moeplace, torch, transformers, pyarrow" || { echo "setup failed" >&2; exit 1; }
   touch "$stamp"
 fi
-if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null; then
-  echo "== installing Debian's chromium for the report rendering test"
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || echo "warning: could not install chromium; the browser test will be skipped" >&2
-  else
-    echo "warning: not root, cannot apt-get install chromium; the browser test will be skipped" >&2
-  fi
-fi
-if [ "${1:-}" = "--test" ] && ! command -v prometheus >/dev/null; then
-  echo "== installing Debian's prometheus (promtool + server) for the operate alert tests"
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-      || echo "warning: could not install prometheus; the alert tests will be skipped" >&2
-  else
-    echo "warning: not root, cannot apt-get install prometheus; the alert tests will be skipped" >&2
+# System packages for the tests (Debian's apt), said before anything is installed: MOEPLACE_NO_APT=1 skips them
+# (the tests that need them are then skipped, each with its reason).
+if [ "${1:-}" = "--test" ]; then
+  missing=() why=()
+  command -v chromium >/dev/null || { missing+=(chromium); why+=("chromium: headless browser that renders the HTML report, compare page and dashboard in their tests"); }
+  command -v prometheus >/dev/null || { missing+=(prometheus); why+=("prometheus: promtool and the server, for the operate alert-rule tests"); }
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== system packages the tests use, not installed here:"
+    printf '     %s\n' "${why[@]}"
+    if [ -n "${MOEPLACE_NO_APT:-}" ]; then
+      echo "   MOEPLACE_NO_APT is set: not installing them; their tests will be skipped"
+    elif [ "$(id -u)" != 0 ]; then
+      echo "warning: not root, cannot apt-get install ${missing[*]}; their tests will be skipped" >&2
+    else
+      echo "== apt-get install ${missing[*]} (set MOEPLACE_NO_APT=1 to skip)"
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+        || echo "warning: could not install ${missing[*]}; their tests will be skipped" >&2
+    fi
   fi
 fi
