@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, input_file, int_in, output_file
 from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
-from moeplace.deploy import Deployment
-from moeplace.placement import Cluster, Plan
-from moeplace.simulate import simulate
+
+if TYPE_CHECKING:
+    from moeplace.placement import Cluster
 
 
 def _cluster(args: argparse.Namespace) -> Cluster | None:
@@ -18,6 +19,10 @@ def _cluster(args: argparse.Namespace) -> Cluster | None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from moeplace.deploy import Deployment
+    from moeplace.placement import Plan
+    from moeplace.simulate import simulate
+
     plan = Plan.load(args.plan) if args.plan else None
     cluster = _cluster(args)
     if plan is None and cluster is None:
