@@ -136,8 +136,8 @@ DASHBOARD = """<!doctype html>
 <style>
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}
-.bar{display:inline-block;background:#4a7;height:12px;vertical-align:middle}
-#spark{border:1px solid #ccc}
+svg text{font:12px system-ui,sans-serif;fill:#444}
+.axis{stroke:#888;stroke-width:1}
 </style></head>
 <body>
 <h1>moeplace operate</h1>
@@ -152,41 +152,96 @@ table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;border-bo
 <tr><th>plan version</th><td id="version">0</td></tr>
 <tr><th>plan age</th><td id="age">-</td></tr>
 <tr><th>migrations</th><td id="rebalances">0</td></tr>
-<tr><th>migration bytes</th><td id="mig-bytes">0</td></tr>
+<tr><th>migration bytes</th><td id="mig-bytes">0 B</td></tr>
 <tr><th>status</th><td id="status">running</td></tr>
 </table>
 <h2>balancedness per window</h2>
-<svg id="spark" width="600" height="120" viewBox="0 0 600 120"><polyline id="line" fill="none" stroke="#36c"
- stroke-width="2" points=""/></svg>
-<h2>load per GPU (newest window)</h2>
-<div id="gpus"></div>
+<svg id="spark" width="640" height="170" viewBox="0 0 640 170" role="img"
+ aria-label="balancedness of each window against the step it ended at"></svg>
+<h2>load per GPU (newest window, token-expert pairs)</h2>
+<svg id="gpus" width="640" height="0" role="img" aria-label="token-expert pairs per GPU"></svg>
 <p><a href="/metrics">/metrics</a> &middot; <a href="/api/state">/api/state</a></p>
 <script>
+// Layout of both figures: a fixed label column, so every bar and the plot start at the same x.
+var SP = {w: 640, h: 170, left: 56, right: 16, top: 10, bottom: 40};
+var BAR = {left: 64, width: 420, row: 16, height: 11};
 function fmt(x, d) { return (x === undefined || x === null) ? '-' : Number(x).toFixed(d); }
+function fmtBytes(x) {
+  var u = ['B', 'kB', 'MB', 'GB', 'TB', 'PB'], i = 0;
+  x = Number(x || 0);
+  while (Math.abs(x) >= 1000 && i < u.length - 1) { x /= 1000; i++; }
+  return (i ? x.toFixed(x < 10 ? 2 : 1) : x.toFixed(0)) + ' ' + u[i];
+}
+function fmtCount(x) { return Math.round(x).toString().replace(/\\B(?=(\\d{3})+(?!\\d))/g, ','); }
+function esc(t) { return String(t).replace(/&/g, '&amp;').replace(/</g, '&lt;'); }
+function text(x, y, t, anchor, extra) {
+  return '<text x="' + x + '" y="' + y + '" text-anchor="' + (anchor || 'start') + '"' + (extra || '') + '>' +
+    esc(t) + '</text>';
+}
+function line(x1, y1, x2, y2) {
+  return '<line class="axis" x1="' + x1 + '" y1="' + y1 + '" x2="' + x2 + '" y2="' + y2 + '"/>';
+}
+function drawSpark(h) {
+  var x0 = SP.left, x1 = SP.w - SP.right, y0 = SP.h - SP.bottom, y1 = SP.top, out = [];
+  out.push(line(x0, y1, x0, y0), line(x0, y0, x1, y0));
+  if (h.length) {
+    var ys = h.map(function (w) { return w.balancedness; }), xs = h.map(function (w) { return w.steps; });
+    var lo = Math.min.apply(null, ys), hi = Math.max.apply(null, ys);
+    if (hi - lo < 1e-9) { lo -= 0.01; hi += 0.01; }
+    var s0 = h.length > 1 ? xs[0] : 0, s1 = xs[xs.length - 1];
+    if (s1 <= s0) { s1 = s0 + 1; }
+    var X = function (s) { return x0 + (x1 - x0) * (s - s0) / (s1 - s0); };
+    var Y = function (b) { return y0 - (y0 - y1) * (b - lo) / (hi - lo); };
+    out.push(line(x0 - 4, Y(hi), x0, Y(hi)), line(x0 - 4, Y(lo), x0, Y(lo)));
+    out.push(text(x0 - 6, Y(hi) + 4, hi.toFixed(3), 'end', ' class="ymax"'),
+             text(x0 - 6, Y(lo) + 4, lo.toFixed(3), 'end', ' class="ymin"'));
+    out.push(line(X(s0), y0, X(s0), y0 + 4), line(X(s1), y0, X(s1), y0 + 4));
+    out.push(text(X(s0), y0 + 16, fmtCount(s0), 'start', ' class="xmin"'),
+             text(X(s1), y0 + 16, fmtCount(s1), 'end', ' class="xmax"'));
+    out.push(text((x0 + x1) / 2, SP.h - 6, 'step (forward passes; dots: a migration after that window)', 'middle'));
+    var pts = h.map(function (w) { return X(w.steps).toFixed(1) + ',' + Y(w.balancedness).toFixed(1); });
+    out.push('<polyline id="line" fill="none" stroke="#36c" stroke-width="2" points="' + pts.join(' ') + '"/>');
+    h.forEach(function (w) {
+      if (w.migrated) {
+        out.push('<circle fill="#c33" r="3" cx="' + X(w.steps).toFixed(1) + '" cy="' +
+                 Y(w.balancedness).toFixed(1) + '"/>');
+      }
+    });
+  }
+  document.getElementById('spark').innerHTML = out.join('');
+}
+function drawGpus(g) {
+  var mx = Math.max.apply(null, g.concat([1])), out = [], H = g.length * BAR.row + 4;
+  g.forEach(function (x, i) {
+    var y = i * BAR.row + 2, w = (BAR.width * x / mx).toFixed(1);
+    out.push('<g class="gpu" data-load="' + x + '">' +
+             text(BAR.left - 8, y + BAR.height - 1, 'GPU ' + i, 'end') +
+             '<rect class="bar" fill="#4a7" x="' + BAR.left + '" y="' + y + '" width="' + w + '" height="' +
+             BAR.height + '"/>' + text(BAR.left + Number(w) + 6, y + BAR.height - 1, fmtCount(x)) + '</g>');
+  });
+  var svg = document.getElementById('gpus');
+  svg.setAttribute('height', H);
+  svg.setAttribute('viewBox', '0 0 640 ' + H);
+  svg.innerHTML = out.join('');
+}
 function draw(s) {
   var L = s.latest || {};
   document.getElementById('label').textContent = s.label || 'waiting for the first window...';
   document.getElementById('policy').textContent = s.policy || '-';
   document.getElementById('windows').textContent = s.windows;
-  document.getElementById('steps').textContent = L.steps || 0;
+  document.getElementById('steps').textContent = fmtCount(L.steps || 0);
   document.getElementById('balancedness').textContent = fmt(L.balancedness, 4);
   document.getElementById('top-share').textContent = fmt(L.top_expert_share, 4);
-  document.getElementById('drop').textContent = fmt(L.drop_ratio, 4);
+  document.getElementById('drop').textContent = (L.drop_ratio === undefined || L.drop_ratio === null) ?
+    (s.windows ? 'none: dropless (no capacity factor)' : '-') : fmt(L.drop_ratio, 4);
   document.getElementById('version').textContent = s.version || 0;
-  document.getElementById('age').textContent = (L.plan_age_steps || 0) + ' steps, ' + fmt(s.plan_age_seconds, 1) + ' s';
+  document.getElementById('age').textContent = fmtCount(L.plan_age_steps || 0) + ' steps, ' +
+    fmt(s.plan_age_seconds, 1) + ' s';
   document.getElementById('rebalances').textContent = s.rebalances || 0;
-  document.getElementById('mig-bytes').textContent = (s.migration_bytes || 0).toExponential(3);
+  document.getElementById('mig-bytes').textContent = fmtBytes(s.migration_bytes);
   document.getElementById('status').textContent = s.error ? ('stopped: ' + s.error) : (s.done ? 'done' : 'running');
-  var h = s.history || [];
-  var pts = h.map(function (w, i) {
-    return (h.length > 1 ? i * 600 / (h.length - 1) : 0).toFixed(1) + ',' + (115 - 110 * w.balancedness).toFixed(1);
-  });
-  document.getElementById('line').setAttribute('points', pts.join(' '));
-  var g = L.gpu_load || [], mx = Math.max.apply(null, g.concat([1]));
-  document.getElementById('gpus').innerHTML = g.map(function (x, i) {
-    return '<div class="gpu" data-load="' + x + '">GPU ' + i + ' <span class="bar" style="width:' +
-      (300 * x / mx).toFixed(0) + 'px"></span> ' + x + '</div>';
-  }).join('');
+  drawSpark(s.history || []);
+  drawGpus(L.gpu_load || []);
   document.body.setAttribute('data-updated', String(s.windows));
 }
 function poll() {
