@@ -25,7 +25,7 @@ to G x --inter-gbit-per-gpu) this script
 (``FoeLayout`` refuses); the result says so under ``skipped``.
 
 FoE traces: --foe2 / --foe4 (defaults src/moeplace/data/reference-foe.trace and reference-foe-h4.trace, routing of
-trained FoE models); --synthetic builds FoE-structured traces with ``moeplace.synth`` instead (gpt-oss-20b
+trained FoE models); --synthetic builds FoE-structured traces with ``moeplace.simulate.synth`` instead (gpt-oss-20b
 preset: E = 32, k = 4, first 8 layers; labelled synthetic in the result).
 
 Usage: python bench/foe_ep.py [--synthetic] [--json PATH]   (default: bench/results/foe_ep.json)
@@ -55,10 +55,10 @@ TOP_K = 4
 
 
 def synthetic_foe_trace(H: int, like, seed: int = 0):
-    """An FoE-structured synthetic trace (``moeplace.synth``, gpt-oss-20b preset: E = 32, k = 4) cut to the
+    """An FoE-structured synthetic trace (``moeplace.simulate.synth``, gpt-oss-20b preset: E = 32, k = 4) cut to the
     reference trace's L layers, with its request count and mean prompt / generation lengths; meta.foe_groups = H,
     meta.synthetic True."""
-    from moeplace.synth import SynthConfig, generate_batches
+    from moeplace.simulate.synth import SynthConfig, generate_batches
     from moeplace.trace.store import Requests, TokenChunk, Trace
 
     r = like.requests
@@ -160,7 +160,7 @@ def link_rates(fit: dict) -> tuple[float, float, float]:
 def bytes_prediction(sent: np.ndarray, G: int, fit: dict, calls_per_layer: int, compute_s: float) -> dict:
     """(c): seconds of the measured bytes over the calibrated rates. sent: int [M, L, W, W] every byte handed to
     all_to_all_single (payload, metadata, all-reduce)."""
-    from moeplace.foe import bandwidth_seconds
+    from moeplace.placement.foe import bandwidth_seconds
 
     bi, bo, alpha = link_rates(fit)
     M, L = sent.shape[:2]
@@ -174,7 +174,7 @@ def bytes_prediction(sent: np.ndarray, G: int, fit: dict, calls_per_layer: int, 
 
 def ratio_entry(moe: dict, foe: dict, H: int, W: int, G: int, r: float | None) -> dict:
     """T_moe / T_foe measured (layer; layer minus emulated compute; per repeat range) and predicted (a, b, c)."""
-    from moeplace.foe import moe_foe_time_ratio, moe_foe_time_ratio_per_gpu
+    from moeplace.placement.foe import moe_foe_time_ratio, moe_foe_time_ratio_per_gpu
 
     r_used = r if r is not None else 1.0  # 4x1: no intra-node link; with H = W = 4 and n = 1, r cancels in (a), (b)
     per_rep = np.array(moe["layer_time_per_repeat_s"]) / np.array(foe["layer_time_per_repeat_s"])
@@ -206,7 +206,7 @@ def per_token(row: dict, L: int, row_bytes: int) -> dict:
 def closed_form_per_token(H: int, W: int, G: int) -> dict:
     """docs/MODEL.md's vectors per token per layer (H = 1: plain MoE), pair level; for FoE also the ring's
     cluster-wide count 2(p-1) (each token's vector is held by the p ranks of its ring)."""
-    from moeplace.foe import foe_all_reduce_vectors, foe_all_to_all_vectors, moe_all_to_all_vectors
+    from moeplace.placement.foe import foe_all_reduce_vectors, foe_all_to_all_vectors, moe_all_to_all_vectors
 
     if H == 1:
         total, inter = moe_all_to_all_vectors(TOP_K, W, G)
@@ -220,8 +220,8 @@ def closed_form_per_token(H: int, W: int, G: int) -> dict:
 
 
 def run(args) -> dict:
-    from moeplace.foe import FoeLayout, foe_per_gpu_vectors
     from moeplace.placement import Cluster
+    from moeplace.placement.foe import FoeLayout, foe_per_gpu_vectors
     from moeplace.run.foe_replay import foe_replay, summarize_foe
     from moeplace.run.launch import launch
     from moeplace.run.netns import emulated_cluster
@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--foe2", type=Path, default=DATA / "reference-foe.trace", help="FoE H = 2 trace")
     ap.add_argument("--foe4", type=Path, default=DATA / "reference-foe-h4.trace", help="FoE H = 4 trace")
     ap.add_argument("--synthetic", action="store_true",
-                    help="build synthetic FoE-structured traces (moeplace.synth) instead of reading --foe2/--foe4")
+                    help="build synthetic FoE-structured traces (moeplace.simulate.synth) instead of reading "
+                         "--foe2/--foe4")
     ap.add_argument("--clusters", nargs="+", default=["2x2", "4x1"])
     ap.add_argument("--groups", nargs="+", type=int, default=[2, 4], choices=[2, 4], help="FoE H values")
     ap.add_argument("--inter-gbit-per-gpu", type=float, default=0.5,

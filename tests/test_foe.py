@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moeplace.foe import (
+from moeplace.placement import Cluster, Placement, Plan
+from moeplace.placement.foe import (
     foe_all_reduce_vectors,
     foe_all_to_all_vectors,
     foe_plan,
-    foe_split,
     lar_foe,
     lar_moe,
     moe_all_to_all_vectors,
     moe_foe_time_ratio,
 )
-from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import simulate
-from moeplace.synth import SynthConfig, generate_batches
+from moeplace.simulate.foe import foe_split
+from moeplace.simulate.synth import SynthConfig, generate_batches
 from moeplace.trace.store import Requests, TokenChunk, Trace
 
 

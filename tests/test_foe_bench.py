@@ -1,12 +1,17 @@
-"""The prediction helpers of bench/foe_ep.py (moeplace.foe): per-GPU FoE vectors, the per-GPU time ratio and the
-time of measured bytes, against numbers worked out by hand."""
+"""The prediction helpers of bench/foe_ep.py (moeplace.placement.foe): per-GPU FoE vectors, the per-GPU time ratio and
+the time of measured bytes, against numbers worked out by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from moeplace.foe import bandwidth_seconds, foe_per_gpu_vectors, moe_foe_time_ratio, moe_foe_time_ratio_per_gpu
+from moeplace.placement.foe import (
+    bandwidth_seconds,
+    foe_per_gpu_vectors,
+    moe_foe_time_ratio,
+    moe_foe_time_ratio_per_gpu,
+)
 
 
 def test_per_gpu_vectors_by_hand():

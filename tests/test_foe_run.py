@@ -11,14 +11,14 @@ import sys
 import numpy as np
 import pytest
 
-from moeplace.foe import FoeLayout, ring_chunks, ring_send_rows, ring_steps
 from moeplace.placement import Cluster, Plan
+from moeplace.placement.foe import FoeLayout, ring_chunks, ring_send_rows, ring_steps
 from moeplace.plan import make_plan
 from moeplace.plan.base import workload_from_tokens
 from moeplace.run.foe_replay import foe_batches, foe_replay
 from moeplace.run.replay import ReplayConfig, reference_outputs, select_window
 from moeplace.simulate import BatchConfig
-from moeplace.synth import SynthConfig, generate_batches
+from moeplace.simulate.synth import SynthConfig, generate_batches
 from moeplace.trace.store import Requests, TokenChunk, Trace, write_trace
 
 

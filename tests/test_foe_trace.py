@@ -22,7 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moeplace.cli import main  # noqa: E402
-from moeplace.foe import trace_groups  # noqa: E402
+from moeplace.simulate.foe import trace_groups  # noqa: E402
 from moeplace.trace import TraceMeta, read_meta  # noqa: E402
 from moeplace.trace.store import TraceError  # noqa: E402
 

@@ -402,7 +402,7 @@ def test_closed_pipe_exits_quietly(work_dir):
 @pytest.fixture(scope="module")
 def foe_files(work_dir):
     """An FoE trace (synthetic, H = 2, E = 32, k = 4) and a valid FoE plan for it on 2x2."""
-    from moeplace.synth import SynthConfig, synthesize
+    from moeplace.simulate.synth import SynthConfig, synthesize
 
     trace = work_dir / "foe.trace"
     if not trace.exists():

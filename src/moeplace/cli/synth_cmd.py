@@ -6,7 +6,7 @@ import argparse
 
 from moeplace.cli import float_in, int_in, output_dir
 from moeplace.deploy import MODEL_PRESETS
-from moeplace.synth import SynthConfig, synthesize
+from moeplace.simulate.synth import SynthConfig, synthesize
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

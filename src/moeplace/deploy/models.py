@@ -1,7 +1,7 @@
 """Model presets: the routing-relevant sizes of frontier MoE models (published configurations).
 
 Every model preset copies its numbers from the model's public ``config.json``; docs/PRESETS.md lists the source
-of each. Workloads generated from these presets (:mod:`moeplace.synth`) are synthetic and labelled so.
+of each. Workloads generated from these presets (:mod:`moeplace.simulate.synth`) are synthetic and labelled so.
 GPU systems (links and speeds) are in :mod:`moeplace.deploy.hardware`.
 """
 

@@ -4,8 +4,8 @@ Shape legend: T = tokens of one micro-batch, T_r = tokens this rank holds, L = M
 experts, W = ranks, G = ranks per node, H = FoE groups (hidden size is ``cfg.hidden``), M = micro-batches,
 R = timed repeats, p = ranks of one all-reduce ring, b = ranks of one group's block.
 
-Where things live is :class:`moeplace.foe.FoeLayout` (docs/FOE.md, "Execution"): group h's experts on its block
-of W/H ranks (W > H; one node) or H/W whole groups per rank (W <= H). A token's hidden vector is on one rank of
+Where things live is :class:`moeplace.placement.foe.FoeLayout` (docs/FOE.md, "Execution"): group h's experts on its
+block of W/H ranks (W > H; one node) or H/W whole groups per rank (W <= H). A token's hidden vector is on one rank of
 every block (the ranks with its *ring index*), as after the previous layer's all-reduce. Per layer each rank
 
 1. sends its tokens' pairs of its own groups to the experts of its block (:class:`moeplace.run.dispatch.Dispatcher`
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from moeplace.foe import FoeLayout, ring_chunks, ring_steps
 from moeplace.placement import Plan
+from moeplace.placement.foe import FoeLayout, ring_chunks, ring_steps
 from moeplace.run.dispatch import Dispatcher, TrafficRecorder
 from moeplace.run.layer import ExpertView, MoELayer
 from moeplace.run.replay import (
@@ -87,9 +87,9 @@ def foe_batches(sub: Trace, rows: list[np.ndarray], plan: Plan) -> list[MicroBat
 def ring_all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None, pos: int, p: int) -> tuple[torch.Tensor, int]:
     """Sum ``x`` [T, H] over the p ranks of ``group`` (this rank at ring position ``pos`` = its group rank).
 
-    Ring reduce-scatter then all-gather over :func:`moeplace.foe.ring_steps`, with chunks of
-    :func:`moeplace.foe.ring_chunks` rows; every rank must pass the same T. Returns (sum [T, H], bytes this rank
-    handed to ``all_to_all_single``, all of them to its successor)."""
+    Ring reduce-scatter then all-gather over :func:`moeplace.placement.foe.ring_steps`, with chunks of
+    :func:`moeplace.placement.foe.ring_chunks` rows; every rank must pass the same T. Returns (sum [T, H], bytes this
+    rank handed to ``all_to_all_single``, all of them to its successor)."""
     if p == 1:
         return x.clone(), 0
     T = x.shape[0]

@@ -2,32 +2,69 @@
 
 Shape legend: T = tokens, L = MoE layers, K = top-k, W = GPUs, H = FoE groups, M = micro-batches.
 
-The all-to-all is the plain simulator on :func:`moeplace.foe.foe_split` sub-tokens (one per token and group, each
-homed on its group's GPU with the token's ring index, :func:`moeplace.foe.foe_plan`), so sends, dedup and the link
-split are the one definition in :mod:`moeplace.simulate.routing`. The all-reduce is the ring schedule of
-:mod:`moeplace.foe` applied to the rows each ring holds: every ring member sends 2(p-1)/p of its rows, which over
-a ring is exactly 2(p-1) times the rows, the closed form of docs/MODEL.md.
+The all-to-all is the plain simulator on :func:`foe_split` sub-tokens (one per token and group, each homed on its
+group's GPU with the token's ring index, :func:`moeplace.placement.foe.foe_plan`), so sends, dedup and the link split
+are the one definition in :mod:`moeplace.simulate.routing`. The all-reduce is the ring schedule of
+:mod:`moeplace.placement.foe` applied to the rows each ring holds: every ring member sends 2(p-1)/p of its rows, which
+over a ring is exactly 2(p-1) times the rows, the closed form of docs/MODEL.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from moeplace.foe import (
+from moeplace.placement import Plan
+from moeplace.placement.foe import (
     FoeLayout,
     allreduce_bytes,
+    expert_group,
     foe_all_reduce_vectors,
     foe_all_to_all_vectors,
     foe_plan,
-    foe_split,
     lar_foe,
 )
-from moeplace.placement import Plan
 from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.routing import link_counts
 from moeplace.simulate.simulator import simulate
-from moeplace.trace.store import Trace
+from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+
+
+def trace_groups(meta: TraceMeta) -> int:
+    """H of a trace: its FoE groups (``meta.foe_groups``; 1 for a plain MoE trace). When H > 1 the reader has
+    checked that every layer's K columns are ordered group by group (columns ``[h*K/H, (h+1)*K/H)`` hold experts of
+    ``[h*E/H, (h+1)*E/H)``), so ``expert_ids.reshape(T, L, H, K/H)`` splits a token's experts by group."""
+    return int(meta.foe_groups)
+
+
+def foe_split(trace: Trace, num_groups: int) -> Trace:
+    """One sub-token per (token, group): request id r*H + h, the group's k/H experts, same position and phase.
+
+    Every token must select exactly k/H experts in each group (an FoE-structured trace, e.g. ``synth`` with
+    ``foe_groups=H``); otherwise ValueError.
+    """
+    H = int(num_groups)
+    m = trace.meta
+    if H < 1 or m.top_k % H or m.num_experts % H:
+        raise ValueError(f"FoE: H={num_groups} must divide k={m.top_k} and E={m.num_experts}")
+    tk = trace.tokens
+    kh = m.top_k // H
+    grp = expert_group(tk.expert_ids, m.num_experts, H)  # [T, L, K]
+    order = np.argsort(grp, axis=-1, kind="stable")
+    ids = np.take_along_axis(tk.expert_ids, order, -1)
+    g_sorted = np.take_along_axis(grp, order, -1)
+    want = np.repeat(np.arange(H), kh)
+    if not (g_sorted == want).all():
+        raise ValueError(f"FoE: not every token selects exactly k/H={kh} experts in each of {H} groups")
+    T, L, _ = ids.shape
+    sub = ids.reshape(T, L, H, kh).transpose(0, 2, 1, 3).reshape(T * H, L, kh)
+    rid = (np.repeat(tk.request_id, H) * H + np.tile(np.arange(H), T)).astype(np.int64)
+    meta = TraceMeta(**{**m.to_json(), "top_k": kh, "has_weights": False, "foe_groups": 1,
+                        "source": f"{m.source} | foe_split(H={H})"})
+    r = trace.requests
+    req = Requests(np.repeat(r.request_id, H) * H + np.tile(np.arange(H), len(r)), np.repeat(r.domain, H),
+                   np.repeat(r.source, H), np.repeat(r.prompt_len, H), np.repeat(r.gen_len, H))
+    return Trace(meta, req, TokenChunk(rid, np.repeat(tk.position, H), np.repeat(tk.phase, H), sub))
 
 
 def replay_foe(window: Trace, microbatch_rows: list[np.ndarray], plan: Plan, cost: CostConfig,

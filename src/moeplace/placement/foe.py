@@ -4,10 +4,10 @@ FoE: ``H`` groups (one per KV head), each owning ``E/H`` experts and routing ``k
 sum their residuals with one cross-group all-reduce per layer. ``W`` GPUs, ``n`` per node, ``r = B_intra / B_inter``.
 Volumes are in token vectors per token per layer (dispatch + combine, pair level: no dedup).
 
-To replay an FoE model, :func:`foe_split` turns each token into ``H`` sub-tokens, one per group, each starting on
-its group's GPUs (where that group's attention head lives) and selecting only its group's ``k/H`` experts;
-:func:`foe_plan` puts group ``h``'s experts on GPU block ``h``. The simulator's pair counts then match the closed
-forms (``tests/test_foe.py``).
+To replay an FoE model, :func:`moeplace.simulate.foe.foe_split` turns each token into ``H`` sub-tokens, one per group,
+each starting on its group's GPUs (where that group's attention head lives) and selecting only its group's ``k/H``
+experts; :func:`foe_plan` puts group ``h``'s experts on GPU block ``h``. The simulator's pair counts then match the
+closed forms (``tests/test_foe.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moeplace.placement import Cluster, Placement, Plan
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.placement.types import Cluster, Placement, Plan
 
 
 def _check(**kw) -> None:
@@ -191,48 +190,11 @@ def expert_group(expert_ids: np.ndarray, num_experts: int, num_groups: int) -> n
     return np.asarray(expert_ids) // (num_experts // num_groups)
 
 
-def trace_groups(meta: TraceMeta) -> int:
-    """H of a trace: its FoE groups (``meta.foe_groups``; 1 for a plain MoE trace). When H > 1 the reader has
-    checked that every layer's K columns are ordered group by group (columns ``[h*K/H, (h+1)*K/H)`` hold experts of
-    ``[h*E/H, (h+1)*E/H)``), so ``expert_ids.reshape(T, L, H, K/H)`` splits a token's experts by group."""
-    return int(meta.foe_groups)
-
-
-def foe_split(trace: Trace, num_groups: int) -> Trace:
-    """One sub-token per (token, group): request id r*H + h, the group's k/H experts, same position and phase.
-
-    Every token must select exactly k/H experts in each group (an FoE-structured trace, e.g. ``synth`` with
-    ``foe_groups=H``); otherwise ValueError.
-    """
-    H = int(num_groups)
-    m = trace.meta
-    if H < 1 or m.top_k % H or m.num_experts % H:
-        raise ValueError(f"FoE: H={num_groups} must divide k={m.top_k} and E={m.num_experts}")
-    tk = trace.tokens
-    kh = m.top_k // H
-    grp = expert_group(tk.expert_ids, m.num_experts, H)  # [T, L, K]
-    order = np.argsort(grp, axis=-1, kind="stable")
-    ids = np.take_along_axis(tk.expert_ids, order, -1)
-    g_sorted = np.take_along_axis(grp, order, -1)
-    want = np.repeat(np.arange(H), kh)
-    if not (g_sorted == want).all():
-        raise ValueError(f"FoE: not every token selects exactly k/H={kh} experts in each of {H} groups")
-    T, L, _ = ids.shape
-    sub = ids.reshape(T, L, H, kh).transpose(0, 2, 1, 3).reshape(T * H, L, kh)
-    rid = (np.repeat(tk.request_id, H) * H + np.tile(np.arange(H), T)).astype(np.int64)
-    meta = TraceMeta(**{**m.to_json(), "top_k": kh, "has_weights": False, "foe_groups": 1,
-                        "source": f"{m.source} | foe_split(H={H})"})
-    r = trace.requests
-    req = Requests(np.repeat(r.request_id, H) * H + np.tile(np.arange(H), len(r)), np.repeat(r.domain, H),
-                   np.repeat(r.source, H), np.repeat(r.prompt_len, H), np.repeat(r.gen_len, H))
-    return Trace(meta, req, TokenChunk(rid, np.repeat(tk.position, H), np.repeat(tk.phase, H), sub))
-
-
 def foe_plan(cluster: Cluster, num_layers: int, num_experts: int, num_groups: int, request_ids: np.ndarray,
              ring_index: np.ndarray | None = None) -> Plan:
-    """The plan of :func:`foe_split`'s sub-requests: group h's experts on GPU block h (linear placement of
-    contiguous groups); sub-request r*H + h homed on the GPU of block h with ring index ``ring_index[r]`` (W > H;
-    default r % (W/H)) or on the GPU holding group h (W <= H).
+    """The plan of :func:`moeplace.simulate.foe.foe_split`'s sub-requests: group h's experts on GPU block h
+    (linear placement of contiguous groups); sub-request r*H + h homed on the GPU of block h with ring index
+    ``ring_index[r]`` (W > H; default r % (W/H)) or on the GPU holding group h (W <= H).
 
     request_ids: int [R] sub-request ids r*H + h; ring_index: int [R] ring index of each sub-request's original
     request r (None: r % block size)."""

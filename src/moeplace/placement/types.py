@@ -314,19 +314,36 @@ class Fallback:
 
 @dataclass(frozen=True)
 class CostModel:
-    """The cost a strategy minimised, when it used one (names as in ``moeplace.simulate.CostConfig``)."""
+    """The cost a strategy minimised, when it used one (names as in ``moeplace.simulate.CostConfig`` and the
+    deployment option group, ``moeplace.deploy.Deployment``). The cluster it priced (topology and links) is the
+    plan's ``cluster``.
 
-    objective: str  # what was minimised, e.g. "inter_node_sends" or "inter_node_bytes"
+    JSON: the first eight keys are always written; the batch and overlap keys (added later) only when they differ
+    from the library defaults, so a plan made with the defaults reads the same as before them; reading fills the
+    defaults back in, so a cost model round-trips.
+    """
+
+    objective: str  # what was minimised, e.g. "layer_time" or "inter_node_bytes"
     rule: str | None = None  # replica choice rule (moeplace.simulate.RULES)
-    dedup: str | None = None  # "per_gpu" or "two_hop"
+    dedup: str | None = None  # comm mode: "per_gpu" / "two_hop"; for "layer_time" the kernel mode (nccl, ..., auto)
     hidden_size: int | None = None  # elements per token vector
     dispatch_bytes: float | None = None  # bytes per element sent by dispatch
     combine_bytes: float | None = None  # bytes per element returned by combine
     intermediate_size: int | None = None  # expert FFN width
     pair_flops: float | None = None  # FLOPs of one token-expert pair
+    overlap: bool = False  # two-batch overlap of dispatch, expert compute and combine
+    decode_batch: int = 256  # requests per decode window of the micro-batches it priced
+    prefill_tokens: int = 8192  # prefill micro-batch token budget
 
     def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        for k, f in self.__dataclass_fields__.items():
+            if k in COST_MODEL_DEFAULTED and d[k] == f.default:
+                del d[k]
+        return d
+
+
+COST_MODEL_DEFAULTED = ("overlap", "decode_batch", "prefill_tokens")  # written only when not the default
 
 
 @dataclass(frozen=True)
@@ -412,14 +429,14 @@ class Plan:
     fallback: Fallback | None = None  # set when the strategy used another method's result
     cost_model: CostModel | None = None  # the cost the strategy minimised, when it used one
     model_layers: ModelLayers | None = None  # the model's layer layout (from the trace); None: not known
-    foe_groups: int = 1  # > 1: a Federation-of-Experts plan for H groups (moeplace.foe.FoeLayout; homes = ring index)
+    foe_groups: int = 1  # > 1: a Federation-of-Experts plan for H groups (placement.foe.FoeLayout; homes = ring index)
 
     def __post_init__(self) -> None:
         W = self.cluster.world_size
         if isinstance(self.foe_groups, bool) or not isinstance(self.foe_groups, int) or self.foe_groups < 1:
             raise ValueError(f"plan: foe_groups must be an integer >= 1, got {self.foe_groups!r}")
         if self.foe_groups > 1:
-            from moeplace.foe import FoeLayout
+            from moeplace.placement.foe import FoeLayout
 
             FoeLayout(self.foe_groups, W, self.cluster.gpus_per_node)
             pl = self.placement
