@@ -12,7 +12,7 @@ Streams (each labelled in the result by what it is):
   per domain, 2,000 requests each, 70% of a phase from its domain and 10% from each other one.
 - ``fg-drift``: the same seeded drift built from the fine-grained reference model's trace (``reference-fg.trace``,
   4,136 held-out requests, 64 experts in 8 groups, top-6).
-- ``fg-schedule``: the fine-grained trace re-ordered by a ``moeplace.workloads`` schedule over its sub-domains
+- ``fg-schedule``: the fine-grained trace re-ordered by a ``moeplace.operate.workloads`` schedule over its sub-domains
   (``FG_SCHEDULE``, seed 0): a C/C++-heavy hour, then a chat-heavy hour, then a math-heavy hour, on a daily cycle
   that moves Python code against prose, with a burst of Cython; 6,000 arrivals at 2,000 an hour.
 - ``gpt-oss-dataset``: the shared gpt-oss-20b decode routing (``../shared/data/gpt-oss-20b``, imported with
@@ -34,11 +34,11 @@ from pathlib import Path
 
 from common import BenchRun
 
+from moeplace.deploy import parse_cluster
 from moeplace.operate import SGLANG_REBALANCE_STEPS, OperateConfig, operate
 from moeplace.operate.service import open_stream
-from moeplace.deploy import parse_cluster
+from moeplace.operate.workloads import Burst, DailyCycle, MixSchedule, Phase
 from moeplace.simulate import BatchConfig
-from moeplace.workloads import Burst, DailyCycle, MixSchedule, Phase
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
@@ -94,8 +94,8 @@ def streams(names: list[str]) -> dict[str, tuple[Path, str, dict]]:
         elif n == "fg-drift":
             out[n] = (FINE_GRAINED, "drift", {"seed": 0, "drift_requests": 2000})
         elif n == "fg-schedule":
+            from moeplace.operate.workloads import keys_of
             from moeplace.trace import read_trace
-            from moeplace.workloads import keys_of
 
             keys = sorted(set(keys_of(read_trace(FINE_GRAINED).requests, "subdomain").tolist()))
             out[n] = (FINE_GRAINED, "schedule", {"seed": 0, "schedule": fg_schedule(keys),

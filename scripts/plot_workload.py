@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.operate.workloads import Burst, DailyCycle, MixSchedule, Phase, order_pool
 from moeplace.trace import read_requests
-from moeplace.workloads import Burst, DailyCycle, MixSchedule, Phase, order_pool
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "src" / "moeplace" / "data" / "reference-default.trace"

@@ -184,7 +184,7 @@ def test_card_numbers_are_the_structure_of_the_shipped_trace():
 
 
 def test_stream_by_subdomain_follows_its_phases(fg_trace):
-    from moeplace.workloads import MixSchedule, Phase, keys_of, stream_trace
+    from moeplace.operate.workloads import MixSchedule, Phase, keys_of, stream_trace
 
     s = stream_trace(fg_trace, MixSchedule(phases=(Phase(200, {"code/c": 1.0}), Phase(100, {"math/algebra": 1.0}))),
                      seed=3, key="subdomain")

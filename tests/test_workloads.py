@@ -1,4 +1,4 @@
-"""moeplace.workloads: mix schedules (phases, daily cycle, bursts) and streams drawn from a request pool.
+"""moeplace.operate.workloads: mix schedules (phases, daily cycle, bursts) and streams drawn from a request pool.
 
 Expectations come from definitions written here (the mix formula per arrival in a plain loop, binomial bounds on
 counts, a request's token rows read back from the original trace), not from the module's own code."""
@@ -14,9 +14,7 @@ import pytest
 from conftest import shared_data
 
 from moeplace.operate.streams import drift_stream, schedule_stream
-from moeplace.trace import read_trace
-from moeplace.trace.importers import import_gpt_oss_npz
-from moeplace.workloads import (
+from moeplace.operate.workloads import (
     Burst,
     DailyCycle,
     MixSchedule,
@@ -25,6 +23,8 @@ from moeplace.workloads import (
     order_pool,
     stream_trace,
 )
+from moeplace.trace import read_trace
+from moeplace.trace.importers import import_gpt_oss_npz
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "src" / "moeplace" / "data" / "reference-default.trace"

@@ -76,7 +76,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
         schedule = None
         if args.schedule is not None:
             from moeplace.schema import read_json_file
-            from moeplace.workloads import MixSchedule
+            from moeplace.operate.workloads import MixSchedule
 
             schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), str(args.schedule))
         stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "or schedule (re-ordered by --schedule, docs/WORKLOADS.md)")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of --order drift / schedule")
     p.add_argument("--schedule", metavar="FILE", help="--order schedule: a mix schedule JSON (phases, daily cycle, "
-                   "bursts: moeplace.workloads.MixSchedule.to_json)")
+                   "bursts: moeplace.operate.workloads.MixSchedule.to_json)")
     p.add_argument("--stream-requests", type=int_in(1, 1 << 24), help="--order schedule: arrivals (default one "
                    "pass over the schedule's phases)")
     p.add_argument("--stream-key", choices=("domain", "dataset", "subdomain"), default="domain",

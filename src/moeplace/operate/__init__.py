@@ -1,10 +1,11 @@
 """Operate: the live loop. A stream of routing -> counters -> metrics endpoint, alerts and dashboard ->
 rebalance policy -> migration plan and engine exports (docs/OPERATE.md).
 
+- :mod:`.workloads`: mix schedules (phases, a daily cycle, bursts) that order a request pool into seeded streams.
 - :mod:`.streams`: traces replayed as streams in a stated order, and seeded drifts built from them.
-- :mod:`.counters`: sampled per-domain expert counts and capacity drops per window.
+- :mod:`.counters`: sampled per-domain expert counts per window (and capacity drops, with a capacity factor).
 - :mod:`.migration`: minimal-move matching, migration plans and their cost.
-- :mod:`.policies`: the rebalancer policies in a registry (static, periodic, threshold, moeplace).
+- :mod:`.policies`: the rebalancer policies in a registry whose entries declare their parameters.
 - :mod:`.loop`: :func:`operate`, the loop itself.
 - :mod:`.metrics`: Prometheus metrics, the HTTP endpoint and the live dashboard.
 """

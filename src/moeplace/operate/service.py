@@ -10,7 +10,7 @@ from moeplace.io import atomic_write_json
 from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, operate
 from moeplace.operate.metrics import MetricsServer, OperateMetrics
 from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stream, trace_stream
-from moeplace.workloads import MixSchedule
+from moeplace.operate.workloads import MixSchedule
 
 STREAM_ORDERS = (*ORDERS, "drift", "schedule")
 
@@ -21,7 +21,7 @@ def open_stream(path: str | Path, window_requests: int, order: str = "table", se
     """The stream ``moeplace operate`` replays: a trace in ``order`` (:data:`STREAM_ORDERS`); ``drift``: the seeded
     drift of :func:`moeplace.operate.streams.drift_stream`, one phase per domain of ``drift_requests`` requests;
     ``schedule``: the trace re-ordered by ``schedule`` over its ``stream_key`` (domain or dataset),
-    ``stream_requests`` arrivals (None: one pass over the schedule's phases), :mod:`moeplace.workloads`."""
+    ``stream_requests`` arrivals (None: one pass over the schedule's phases), :mod:`moeplace.operate.workloads`."""
     if (order == "schedule") != (schedule is not None):
         raise ValueError("a mix schedule (--schedule FILE) goes with --order schedule, and --order schedule needs one")
     if order == "schedule":

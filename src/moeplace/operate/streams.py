@@ -14,10 +14,11 @@ batch; prefill prompts restart at each window). Every stream says what it is in 
   the gpt-oss-20b data; one dataset after another is a drift of real prompts.
 - :func:`drift_stream`: a seeded drift built from a trace: phases with different domain mixes, each drawing its
   requests (with replacement, fresh request ids) from the trace's domain pools.
-- :func:`schedule_stream`: any :class:`moeplace.workloads.MixSchedule` (phases, a daily cycle, bursts, over
+- :func:`schedule_stream`: any :class:`moeplace.operate.workloads.MixSchedule` (phases, a daily cycle, bursts, over
   domains or datasets) applied to a trace.
 
-The ordering itself (schedules, draws, copying a request's token rows) is defined once, in :mod:`moeplace.workloads`.
+The ordering itself (schedules, draws, copying a request's token rows) is defined once, in
+:mod:`moeplace.operate.workloads`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.operate.workloads import (
+    MixSchedule,
+    Phase,
+    dataset_of,
+    default_phases,
+    grouped_order,
+    keys_of,
+    request_rows,
+    stream_trace,
+)
 from moeplace.trace.store import (
     Requests,
     TokenChunk,
@@ -39,16 +50,6 @@ from moeplace.trace.store import (
     read_meta,
     read_requests,
     read_trace,
-)
-from moeplace.workloads import (
-    MixSchedule,
-    Phase,
-    dataset_of,
-    default_phases,
-    grouped_order,
-    keys_of,
-    request_rows,
-    stream_trace,
 )
 
 __all__ = ["ORDERS", "Phase", "Stream", "dataset_of", "default_phases", "drift_stream", "drift_trace",
@@ -180,9 +181,9 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
 
 def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0) -> Trace:
     """A seeded drift built from ``trace``: the phases in order, each arrival drawn with replacement from the
-    trace's domain pools in proportion to its phase's mix (:func:`moeplace.workloads.stream_trace` with a
-    :class:`~moeplace.workloads.MixSchedule` of these phases). Returns an in-memory trace (request table = arrival
-    order, fresh request ids, token rows copied as recorded)."""
+    trace's domain pools in proportion to its phase's mix (:func:`moeplace.operate.workloads.stream_trace` with
+    a :class:`~moeplace.operate.workloads.MixSchedule` of these phases). Returns an in-memory trace (request table =
+    arrival order, fresh request ids, token rows copied as recorded)."""
     if trace.tokens is None:
         raise ValueError("drift: needs a per-token trace; this one is counts-only")
     if not phases:
@@ -210,8 +211,8 @@ def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases:
 def schedule_stream(trace: Trace | str | os.PathLike, window_requests: int, schedule: MixSchedule,
                     num_requests: int | None = None, seed: int = 0, key: str = "domain", replace: bool = True,
                     name: str | None = None) -> Stream:
-    """A trace re-ordered by a :class:`~moeplace.workloads.MixSchedule` (phases, daily cycle, bursts over its
-    domains or datasets: :func:`moeplace.workloads.stream_trace`) as a stream of windows."""
+    """A trace re-ordered by a :class:`~moeplace.operate.workloads.MixSchedule` (phases, daily cycle, bursts over its
+    domains or datasets: :func:`moeplace.operate.workloads.stream_trace`) as a stream of windows."""
     w = _check_window(window_requests)
     name = name or (Path(trace).name if not isinstance(trace, Trace) else trace.meta.model)
     t = trace if isinstance(trace, Trace) else read_trace(trace)
