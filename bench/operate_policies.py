@@ -157,7 +157,7 @@ def main() -> None:
         results[name] = {"label": label, "steps": steps, "policies": rows, "verdict": verdict(rows)}
         print(f"{name}: {results[name]['verdict']}", flush=True)
     run.write({"params": {"cluster": "4 x h200-8 (32 GPUs)", "num_redundant": 32, "window_requests": WINDOW,
-                          "decode_batch": WINDOW, "sample_every": 16, "capacity_factor": 1.25,
+                          "decode_batch": WINDOW, "sample_every": 16, "capacity_factor": None,
                           "model_preset": "gpt-oss-20b (sizes for the time model and expert bytes); "
                                           "instella-moe-16b-a3b for the fine-grained streams",
                           "weight_bytes": 2.0, "periodic_steps": SGLANG_REBALANCE_STEPS, "threshold": 0.5,
