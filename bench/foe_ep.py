@@ -59,7 +59,7 @@ def synthetic_foe_trace(H: int, like, seed: int = 0):
     reference trace's L layers, with its request count and mean prompt / generation lengths; meta.foe_groups = H,
     meta.synthetic True."""
     from moeplace.simulate.synth import SynthConfig, generate_batches
-    from moeplace.trace.store import Requests, TokenChunk, Trace
+    from moeplace.trace.types import Requests, TokenChunk, Trace
 
     r = like.requests
     cfg = SynthConfig(num_requests=len(r), prompt_len=max(int(r.prompt_len.mean()), 1),

@@ -32,7 +32,7 @@ RULES = ("nearest-least-loaded", "balanced", "balanced-local")
 def bench_workload(trace_path: Path, cluster, redundant: int, cost) -> dict:
     from moeplace.evaluate import score_plan, split_windows
     from moeplace.plan import make_plan
-    from moeplace.trace.store import read_trace
+    from moeplace.trace.reader import read_trace
 
     tr = read_trace(trace_path)
     win = split_windows(tr, 0.25, "random", 0, arrival="mixed")

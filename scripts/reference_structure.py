@@ -33,7 +33,8 @@ import sys
 import numpy as np
 
 from moeplace.io import atomic_write_json
-from moeplace.trace.store import DECODE, PREFILL, read_trace
+from moeplace.trace.reader import read_trace
+from moeplace.trace.types import DECODE, PREFILL
 
 
 def request_counts(request_id: np.ndarray, ids_TLK: np.ndarray, num_experts: int, rids: np.ndarray) -> np.ndarray:

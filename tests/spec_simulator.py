@@ -2,7 +2,7 @@
 
 ``moeplace.simulate`` is held to this file by tests/test_simulate_spec.py. It imports nothing from
 ``moeplace.simulate`` (a test parses this file to make sure): only the plan types (``moeplace.placement``) and the
-trace types (``moeplace.trace.store``). Speed is not a goal; clarity is. Every definition below is written as the
+trace types (``moeplace.trace.types``). Speed is not a goal; clarity is. Every definition below is written as the
 docs state it, one token, one layer, one expert at a time.
 
 Shape legend: T = tokens, L = MoE layers, K = top-k, E = logical experts, P = physical slots, W = GPUs,
@@ -54,7 +54,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from moeplace.placement import Plan
-from moeplace.trace.store import Trace
+from moeplace.trace.types import Trace
 
 PHASES = ("prefill", "decode")  # trace phase codes 0 and 1
 MODES = ("per_gpu", "two_hop")

@@ -16,7 +16,7 @@ import pytest
 
 from moeplace.cli import main
 from moeplace.evaluate.html import render_compare_html
-from moeplace.trace.store import read_meta
+from moeplace.trace.reader import read_meta
 
 TRACE = resources.files("moeplace.data") / "reference-default.trace"
 MOE_STRATEGIES = ["linear", "eplb", "joint"]

@@ -27,7 +27,7 @@ from moeplace.simulate.kernels import (
     overlapped_seconds,
 )
 from moeplace.simulate.links import dispatch_vector_bytes
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 
 def hand_trace(phase: int = 0) -> Trace:

@@ -18,7 +18,7 @@ from moeplace.placement.foe import (
 from moeplace.simulate import simulate
 from moeplace.simulate.foe import foe_split
 from moeplace.simulate.synth import SynthConfig, generate_batches
-from moeplace.trace.store import Requests, TokenChunk, Trace
+from moeplace.trace.types import Requests, TokenChunk, Trace
 
 
 def test_closed_forms():
@@ -36,7 +36,7 @@ def uniform_trace(T, L, E, K, seed=0):
     rng = np.random.default_rng(seed)
     ids = np.argsort(rng.random((T, L, E)), -1)[..., :K].astype(np.int16)
     n_req = T // 4
-    from moeplace.trace.store import TraceMeta
+    from moeplace.trace.types import TraceMeta
 
     meta = TraceMeta(model="uniform", num_layers=L, num_experts=E, top_k=K, hidden_size=8, synthetic=True)
     req = Requests(np.arange(n_req), np.array(["x"] * n_req, object), np.array([""] * n_req, object),

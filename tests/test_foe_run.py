@@ -19,7 +19,8 @@ from moeplace.run.foe_replay import foe_batches, foe_replay
 from moeplace.run.replay import ReplayConfig, reference_outputs, select_window
 from moeplace.simulate import BatchConfig
 from moeplace.simulate.synth import SynthConfig, generate_batches
-from moeplace.trace.store import Requests, TokenChunk, Trace, write_trace
+from moeplace.trace.types import Requests, TokenChunk, Trace
+from moeplace.trace.writer import write_trace
 
 
 def foe_trace(H: int, requests: int = 24, seed: int = 3, preset: str = "gpt-oss-20b") -> Trace:
@@ -192,7 +193,7 @@ def test_run_ep_cli_on_an_foe_trace(foe2_dir, tmp_path):
     plan = tmp_path / "p.json"
     assert run_cli("plan", str(foe2_dir), "--strategy", "foe", "--cluster", "2x2", "--out", str(plan)).returncode == 0
     out = tmp_path / "run.json"
-    r = run_cli("run-ep", str(foe2_dir), "--plan", str(plan), "--cluster", "2x2", "--hidden", "32",
+    r = run_cli("run-ep", str(foe2_dir), "--plan", str(plan), "--cluster", "2x2", "--hidden-size", "32",
                 "--microbatches", "2", "--repeats", "1", "--batch-tokens", "16", "--json", str(out))
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from moeplace.cli import main  # noqa: E402
 from moeplace.simulate.foe import trace_groups  # noqa: E402
 from moeplace.trace import TraceMeta, read_meta  # noqa: E402
-from moeplace.trace.store import TraceError  # noqa: E402
+from moeplace.trace.types import TraceError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 H = 2

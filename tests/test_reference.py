@@ -106,7 +106,7 @@ def test_committed_files_fit_the_size_budget():
 
 
 def test_default_trace_is_the_reference_on_its_heldout_prompts():
-    from moeplace.trace.store import trace_info
+    from moeplace.trace.reader import trace_info
 
     path = REFERENCE_DIR.parent / "reference-default.trace"
     info = trace_info(path)
@@ -231,7 +231,8 @@ def test_structure_script_on_a_trace_with_known_answers(tmp_path):
     (1 bit) and perfect prefill-decode agreement, and balanced load across the layer."""
     from conftest import load_script
 
-    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
+    from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
+    from moeplace.trace.writer import write_trace
 
     mod = load_script("reference_structure")
 

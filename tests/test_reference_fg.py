@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from conftest import load_script
 
-from moeplace.trace.store import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta, read_trace, write_trace
+from moeplace.trace.reader import read_trace
+from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.writer import write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 FG_DIR = REPO / "src" / "moeplace" / "data" / "reference-fg"

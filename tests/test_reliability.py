@@ -329,7 +329,8 @@ def test_kill9_plan_keeps_the_old_plan(tmp_path):
 
 def write_empty_trace(path) -> None:
     """A per-token trace with no token rows (what a killed import can leave behind)."""
-    from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
+    from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
+    from moeplace.trace.writer import write_trace
 
     meta = TraceMeta(model="m", num_layers=2, num_experts=8, top_k=2, hidden_size=16)
     req = Requests(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int32),

@@ -19,7 +19,7 @@ from moeplace.plan import make_plan
 from moeplace.plan.base import workload_from_tokens
 from moeplace.simulate import BALANCED_RULES, ReplicaCosts, assign_slots, simulate
 from moeplace.simulate.simulator import route_load
-from moeplace.trace.store import read_trace
+from moeplace.trace.reader import read_trace
 
 BUNDLED = Path(__file__).resolve().parents[1] / "src" / "moeplace" / "data" / "reference-default.trace"
 
@@ -150,7 +150,7 @@ def test_route_load_and_runtime_share_the_rule(bundled):
     tr, plan = bundled
     first = np.isin(tr.tokens.request_id, tr.requests.request_id[:64])
     sub = tr.tokens.select(first & (tr.tokens.phase == 1))
-    from moeplace.trace.store import Trace
+    from moeplace.trace.types import Trace
 
     small = Trace(tr.meta, tr.requests, sub, None)
     pl = plan.placement

@@ -20,7 +20,8 @@ from moeplace.simulate import (
     assign_slots,
     simulate,
 )
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta, write_trace
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.writer import write_trace
 
 
 def make_trace(rng, n_req, L, E, K, prompt, gen, shuffle=True, hidden=4) -> Trace:

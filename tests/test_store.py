@@ -24,7 +24,7 @@ from moeplace.trace import (
     trace_info,
     write_trace,
 )
-from moeplace.trace.store import Counts, Requests, Trace
+from moeplace.trace.types import Counts, Requests, Trace
 
 
 def test_round_trip_equals(small_trace):

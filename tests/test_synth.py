@@ -8,7 +8,7 @@ import pytest
 from moeplace.cli import main
 from moeplace.deploy import MODEL_PRESETS, find_model, get_model, parse_cluster
 from moeplace.simulate.synth import SynthConfig, generate_batches
-from moeplace.trace.store import read_meta, read_trace
+from moeplace.trace.reader import read_meta, read_trace
 
 
 def collect(preset, cfg):

@@ -65,7 +65,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     from moeplace.plan.export import export_all
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
-    from moeplace.trace.store import trace_info
+    from moeplace.trace.reader import trace_info
 
     cluster = parse_cluster(cfg.cluster, cfg.cluster_preset)
     names = list(cfg.strategies) or list(MOE_STRATEGIES)

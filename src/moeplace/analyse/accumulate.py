@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.analyse.stats import js_divergence, pair_bincount, shared_experts, symmetrise
-from moeplace.trace.store import DECODE
+from moeplace.trace.types import DECODE
 
 DEFAULT_CARRY_REQUESTS = 1 << 16
 

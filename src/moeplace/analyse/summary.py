@@ -26,18 +26,9 @@ from moeplace.analyse.stats import (
     softmax_regression_accuracy,
     top_pairs,
 )
-from moeplace.trace.store import (
-    DECODE,
-    PREFILL,
-    Counts,
-    TraceMeta,
-    check_memory,
-    iter_token_chunks,
-    num_token_rows,
-    read_counts,
-    read_meta,
-    read_requests,
-)
+from moeplace.trace.budget import check_memory
+from moeplace.trace.reader import iter_token_chunks, num_token_rows, read_counts, read_meta, read_requests
+from moeplace.trace.types import DECODE, PREFILL, Counts, TraceMeta
 
 SCHEMA_VERSION = 1
 UNKNOWN = "unknown"

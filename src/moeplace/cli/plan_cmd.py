@@ -111,7 +111,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = make_plan(args.strategy, work, dep.cluster, args.redundant, planned_on=planned_on, deployment=dep,
                      seed=args.seed, **kw)
     if args.trace:  # the model's layer layout travels with the plan, so an SGLang export needs no --trace
-        from moeplace.trace.store import read_meta
+        from moeplace.trace.reader import read_meta
 
         plan = dataclasses.replace(plan, model_layers=layers_of_trace(read_meta(args.trace)))
     plan.save(args.out)
@@ -177,7 +177,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     lm, D = None, args.num_decoder_layers
     if args.trace:
-        from moeplace.trace.store import read_meta
+        from moeplace.trace.reader import read_meta
 
         layers = layers_of_trace(read_meta(args.trace))
         if layers is not None:

@@ -8,7 +8,7 @@ import json
 
 def cmd_info(args: argparse.Namespace) -> int:
     from moeplace.trace.describe import format_trace_info
-    from moeplace.trace.store import trace_info
+    from moeplace.trace.reader import trace_info
 
     info = trace_info(args.trace)
     print(json.dumps(info, indent=2) if args.json else format_trace_info(info))

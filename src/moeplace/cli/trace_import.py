@@ -11,7 +11,7 @@ from moeplace.trace.formats import FORMATS
 def cmd_import(args: argparse.Namespace) -> int:
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.importers import import_trace
-    from moeplace.trace.store import trace_info
+    from moeplace.trace.reader import trace_info
 
     options = {k: getattr(args, k) for k in ("limit", "model", "num_experts", "top_k", "hidden_size",
                                              "num_shared_experts")}

@@ -106,7 +106,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     model, tokenizer, name = _load_model(args.model, args.device, args.dtype)
     meta = trace_meta(model, sample_every=args.sample_every, model_name=name, record_weights=not args.no_weights)
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
-    from moeplace.trace.store import TraceWriter
+    from moeplace.trace.writer import TraceWriter
 
     inputs = [p for p in (args.prompts, args.model) if p not in ("builtin", "reference")]
     previous = signal.signal(signal.SIGTERM, _terminate)

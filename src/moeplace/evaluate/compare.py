@@ -32,7 +32,7 @@ from moeplace.placement import Cluster, Placement, Plan
 from moeplace.plan import FOE_STRATEGIES, MOE_STRATEGIES, get_strategy, make_plan
 from moeplace.simulate import BatchConfig, CostConfig
 from moeplace.simulate.routing import DEFAULT_RULE
-from moeplace.trace.store import Trace, TraceMeta
+from moeplace.trace.types import Trace, TraceMeta
 
 TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balancedness", "balance", "{:.3f}"),
                  ("imbalance_ratio", "imbal", "{:.3f}"), ("max_per_peer_bytes", "max peer KB", "{:.1f}"),

@@ -20,7 +20,7 @@ import numpy as np
 from moeplace.placement import Plan
 from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
 from moeplace.plan.grouping import Grouper
-from moeplace.trace.store import DECODE, PREFILL, Requests, Trace
+from moeplace.trace.types import DECODE, PREFILL, Requests, Trace
 
 DEFAULT_PREFIX_TOKENS = 32
 ARRIVALS = ("table", "mixed")

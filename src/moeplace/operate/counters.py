@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.simulate.batching import BatchConfig, build_layout, microbatch_ids, rows_of
-from moeplace.trace.store import Trace
+from moeplace.trace.types import Trace
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.operate.streams import Stream
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 REFERENCE_NAME = "moeplace-reference"  # the model name `moeplace trace record --model reference` writes
 

@@ -40,17 +40,8 @@ from moeplace.operate.workloads import (
     request_rows,
     stream_trace,
 )
-from moeplace.trace.store import (
-    Requests,
-    TokenChunk,
-    Trace,
-    TraceError,
-    TraceMeta,
-    iter_token_chunks,
-    read_meta,
-    read_requests,
-    read_trace,
-)
+from moeplace.trace.reader import iter_token_chunks, read_meta, read_requests, read_trace
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceError, TraceMeta
 
 __all__ = ["ORDERS", "Phase", "Stream", "dataset_of", "default_phases", "drift_stream", "drift_trace",
            "memory_windows", "schedule_stream", "trace_stream"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 KEYS = ("domain", "dataset", "subdomain")
 SCHEDULE_FORMAT = "moeplace-mix-schedule"

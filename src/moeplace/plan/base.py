@@ -196,7 +196,7 @@ def ideal_gpu_load(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.n
 def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tuple[Workload, dict]:
     """(workload, {"moe_layer_map", "model"}) of a trace directory: per-token rows when it has them, else the
     counts-only load."""
-    from moeplace.trace.store import read_trace
+    from moeplace.trace.reader import read_trace
 
     t = read_trace(trace)
     info = {"moe_layer_map": t.meta.moe_layer_map, "model": t.meta.model}

@@ -47,7 +47,7 @@ from moeplace.run.replay import (
     token_homes,
 )
 from moeplace.simulate import link_counts
-from moeplace.trace.store import Trace
+from moeplace.trace.types import Trace
 
 
 def layout_of(plan: Plan) -> FoeLayout:

@@ -43,7 +43,7 @@ from moeplace.simulate import (
 from moeplace.simulate import assign_slots as sim_assign_slots
 from moeplace.simulate.cost import pair_flops_of, time_terms
 from moeplace.simulate.kernels import expert_seconds
-from moeplace.trace.store import PHASES, Trace
+from moeplace.trace.types import PHASES, Trace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 assert {k: torch.tensor([], dtype=v).element_size() for k, v in DTYPES.items()} == DTYPE_BYTES

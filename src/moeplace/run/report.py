@@ -35,7 +35,8 @@ from moeplace.run.replay import (
     summarize,
 )
 from moeplace.simulate import BatchConfig
-from moeplace.trace.store import Trace, read_trace
+from moeplace.trace.reader import read_trace
+from moeplace.trace.types import Trace
 
 RANK_BASE_BYTES = 400 << 20  # what one rank process holds before any tensor (torch, gloo), measured on CPU
 MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and ".tmp" to the name (limit 255)

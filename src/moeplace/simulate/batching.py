@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moeplace.simulate.config import BatchConfig
-from moeplace.trace.store import DECODE, PREFILL, Requests, Trace, iter_light_columns
+from moeplace.trace.reader import iter_light_columns
+from moeplace.trace.types import DECODE, PREFILL, Requests, Trace
 
 DECODE_WINDOW_SHIFT = 32  # decode micro-batch id = window << 32 | step
 
@@ -83,7 +84,7 @@ def microbatch_ids(lay: Layout, r: np.ndarray, position: np.ndarray, phase: np.n
 def light_columns(source: Trace | str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(request_id int64 [n], position [n], phase [n]) of every token of an in-memory trace or a trace directory,
     without the routing columns, through the one validating reader
-    (:func:`moeplace.trace.store.iter_light_columns`)."""
+    (:func:`moeplace.trace.reader.iter_light_columns`)."""
     yield from iter_light_columns(source)
 
 

@@ -27,7 +27,7 @@ from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.routing import link_counts
 from moeplace.simulate.simulator import simulate
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 
 def trace_groups(meta: TraceMeta) -> int:

@@ -11,7 +11,7 @@ from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig, time_terms
 from moeplace.simulate.kernels import KERNELS
 from moeplace.simulate.simulator import simulate
-from moeplace.trace.store import Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 
 def benchmark_routing(rng: np.random.Generator, tokens: int, num_experts: int, top_k: int, num_nodes: int,

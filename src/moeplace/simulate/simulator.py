@@ -40,17 +40,8 @@ from moeplace.simulate.routing import (
     check_rule,
     two_hop_matrix,
 )
-from moeplace.trace.store import (
-    DECODE,
-    PREFILL,
-    Requests,
-    TokenChunk,
-    Trace,
-    TraceMeta,
-    iter_token_chunks,
-    read_meta,
-    read_requests,
-)
+from moeplace.trace.reader import iter_token_chunks, read_meta, read_requests
+from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta
 
 # --------------------------------------------------------------------------------------------------- context
 

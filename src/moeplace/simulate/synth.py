@@ -29,7 +29,8 @@ import numpy as np
 from scipy.special import ndtri
 
 from moeplace.deploy import ModelPreset, get_model
-from moeplace.trace.store import DECODE, PREFILL, TraceMeta, TraceWriter
+from moeplace.trace.types import DECODE, PREFILL, TraceMeta
+from moeplace.trace.writer import TraceWriter
 
 DOMAINS = ("code", "math", "chat", "general", "science", "writing", "multilingual", "reasoning")
 

@@ -1,9 +1,11 @@
-"""Stage 1, trace: the trace store, capture from live models and importers of engine dumps."""
+"""Stage 1, trace: the trace store (types, writer, reader, memory budget, on-disk format), capture from live
+models and importers of engine dumps."""
 
 from moeplace.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "store": ("DECODE", "FORMAT_VERSION", "PHASES", "PREFILL", "Counts", "Requests", "TokenChunk", "Trace",
-              "TraceError", "TraceMeta", "TraceWriter", "iter_token_chunks", "read_counts", "read_meta",
-              "read_requests", "read_trace", "trace_info", "write_trace"),
+    "types": ("DECODE", "FORMAT_VERSION", "PHASES", "PREFILL", "Counts", "Requests", "TokenChunk", "Trace",
+              "TraceError", "TraceMeta"),
+    "writer": ("TraceWriter", "write_trace"),
+    "reader": ("iter_token_chunks", "read_counts", "read_meta", "read_requests", "read_trace", "trace_info"),
 })

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
-from moeplace.trace.store import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta, TraceWriter
+from moeplace.trace.types import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta
+from moeplace.trace.writer import TraceWriter
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ def format_bytes(n: float) -> str:
 
 
 def format_trace_info(info: dict) -> str:
-    """The text of ``moeplace trace info`` from a :func:`moeplace.trace.store.trace_info` answer."""
+    """The text of ``moeplace trace info`` from a :func:`moeplace.trace.reader.trace_info` answer."""
     tag = " [SYNTHETIC]" if info["synthetic"] else ""
     nt = info["num_tokens"]
     doms = ", ".join(f"{d}: {n}" for d, n in info["domains"].items()) or "-"

@@ -23,15 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.trace.formats import FORMATS, ImportFormat  # noqa: F401  (the registry; re-exported)
-from moeplace.trace.store import (
-    DECODE,
-    MAX_EXPERTS,
-    PREFILL,
-    TraceError,
-    TraceMeta,
-    TraceWriter,
-    regular_file_size,
-)
+from moeplace.trace.reader import regular_file_size
+from moeplace.trace.types import DECODE, MAX_EXPERTS, PREFILL, TraceError, TraceMeta
+from moeplace.trace.writer import TraceWriter
 
 # --------------------------------------------------------------------------------------------------- domains
 
@@ -112,7 +106,7 @@ def _exists(p: Path, what: str) -> Path:
 
 
 def _regular(p: Path, what: str) -> Path:
-    """``p`` after :func:`moeplace.trace.store.regular_file_size` checked it is a readable regular file."""
+    """``p`` after :func:`moeplace.trace.reader.regular_file_size` checked it is a readable regular file."""
     regular_file_size(p, what)
     return p
 
