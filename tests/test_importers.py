@@ -19,7 +19,7 @@ from spec_sglang_recorder import load_truth
 from moeplace.cli import main
 from moeplace.trace import DECODE, PREFILL, TraceError, read_counts, read_meta, read_trace
 from moeplace.trace.importers import (
-    FORMATS,
+    IMPORTERS,
     gpt_oss_domain,
     import_gpt_oss_npz,
     import_gpt_oss_summaries,
@@ -443,7 +443,7 @@ def test_npz_errors(tmp_path):
 
 
 def test_import_trace_registry_and_cli(tmp_path, capsys):
-    assert set(FORMATS) == {"gpt-oss-npz", "gpt-oss-summaries", "olmoe-npz", "vllm-routed", "sglang-per-token",
+    assert set(IMPORTERS) == {"gpt-oss-npz", "gpt-oss-summaries", "olmoe-npz", "vllm-routed", "sglang-per-token",
                             "sglang-stat"}
     with pytest.raises(TraceError, match="unknown import format 'x'; known formats: gpt-oss-npz, "):
         import_trace("x", tmp_path, tmp_path / "o")

@@ -29,7 +29,7 @@ def test_build_parser_imports_nothing_heavy():
     assert json.loads(_run(code)) == []
 
 
-@pytest.mark.parametrize("module", ["moeplace.simulate.config", "moeplace.trace.formats", "moeplace.run.options",
+@pytest.mark.parametrize("module", ["moeplace.simulate.config", "moeplace.trace.importers", "moeplace.run.options",
                                     "moeplace.analyse.config", "moeplace.params", "moeplace.simulate",
                                     "moeplace.trace", "moeplace.analyse", "moeplace.operate"])
 def test_light_modules_stay_light(module):
@@ -42,11 +42,11 @@ def test_light_registries_match_the_heavy_ones():
     from moeplace.run.replay import DTYPES
     from moeplace.simulate.config import KERNEL_NAMES
     from moeplace.simulate.kernels import KERNELS
-    from moeplace.trace.formats import FORMATS
+    from moeplace.trace.importers import IMPORTERS
 
     assert tuple(KERNELS) == KERNEL_NAMES
     assert set(DTYPES) == set(DTYPE_BYTES)
-    for f in FORMATS.values():
+    for f in IMPORTERS.values():
         assert callable(f.func), f.name
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from moeplace.cli import int_in, output_dir
-from moeplace.trace.formats import FORMATS
+from moeplace.trace.importers import IMPORTERS
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def register(tsub: argparse._SubParsersAction) -> None:
     """Add the ``import`` subcommand to ``moeplace trace``."""
-    lines = "\n".join(f"  {f.name:<18} {f.help}" for f in FORMATS.values())
+    lines = "\n".join(f"  {f.name:<18} {f.summary}" for f in IMPORTERS.values())
     p = tsub.add_parser(
         "import", help="import engine dumps or published routing data as a trace",
         description="Convert routing recorded elsewhere into a moeplace trace (layouts: docs/IMPORTERS.md).",
@@ -35,7 +35,7 @@ def register(tsub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--format", required=True, metavar="FORMAT",
-                   help=f"input format: {', '.join(FORMATS)}")
+                   help=f"input format: {', '.join(IMPORTERS)}")
     p.add_argument("src", help="input file or directory")
     p.add_argument("out", type=output_dir, help="trace directory to write")
     p.add_argument("--overwrite", action="store_true",
