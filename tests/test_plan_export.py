@@ -151,6 +151,7 @@ def test_exporters_registry_declares_parameters_and_refuses_others(placement, tm
     assert set(EXPORTERS) == {"sglang", "vllm"}
     assert {p.name for p in EXPORTERS["sglang"].params} == {"moe_layer_map", "num_decoder_layers"}
     assert EXPORTERS["vllm"].params == ()
+    assert all(callable(e.build) for e in EXPORTERS.values())  # each "module:function" resolves
     plan = Plan(placement, Cluster(2, 2), strategy="eplb", model_layers=ModelLayers((0, 1, 2, 3), 4))
     with pytest.raises(ValueError, match="export format 'vllm' has no parameter 'num_decoder_layers'"):
         export_plan(plan, "vllm", tmp_path / "v.json", num_decoder_layers=4)

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from moeplace.params import Param, bind, check_declared
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and the planner load when a policy decides: the CLI reads this registry at start
+    import numpy as np
+
     from moeplace.placement import Cluster
 
 SGLANG_REBALANCE_STEPS = 1000  # SGLang's eplb_rebalance_num_iterations default (server_args.py)
@@ -129,6 +129,8 @@ def replicate_first(current: np.ndarray, load: np.ndarray, num_gpus: int) -> np.
     slots, hottest first, each on the least-loaded GPU that does not hold it yet. An expert's last replica never
     moves. A layer where no such assignment exists is left unchanged.
     """
+    import numpy as np
+
     from moeplace.plan.eplb import replicate_experts
 
     cur = np.asarray(current, np.int64)
@@ -176,6 +178,8 @@ def _make_room(row: np.ndarray, gpu: np.ndarray, free: list[int], e: int, gl: np
     """A slot for a new replica of ``e`` when every free slot sits on a GPU that holds ``e``: move the coldest
     expert x of the least-loaded GPU without ``e`` into a free slot whose GPU lacks x, and return x's old slot
     (free, on a GPU without ``e``); -1 when no such x exists. Edits ``row``, ``free`` and ``gl`` in place."""
+    import numpy as np
+
     W = int(gpu.max()) + 1
     holders = set(gpu[row == e].tolist())
     for g in sorted(set(range(W)) - holders, key=lambda h: gl[h]):
@@ -203,6 +207,8 @@ class MoePlace(Policy):
     last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
 
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
+        import numpy as np
+
         from moeplace.operate.migration import match_gpus, migration_plan
 
         cur = state.phy2log

@@ -12,16 +12,26 @@ and one entry.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from moeplace.io import atomic_write_json
+from moeplace.lazy import lazy_exports
 from moeplace.params import Param, bind, check_declared
-from moeplace.placement import Plan
-from moeplace.plan.export.base import MAX_DECODER_LAYERS, layers_of_trace, resolve_layers
-from moeplace.plan.export.sglang import export_sglang, from_sglang, to_sglang
-from moeplace.plan.export.vllm import apply_to_vllm, export_vllm, from_vllm, to_vllm
+
+if TYPE_CHECKING:
+    from moeplace.placement import Plan
+
+MAX_DECODER_LAYERS = 10000  # D: bounds the [D, P] SGLang map (DeepSeek-V3 has 61)
+
+# The registry is standard library only (the CLI lists it at start); an engine's module loads when it is used.
+__getattr__, __dir__, _LAZY = lazy_exports(__name__, {
+    "base": ("layers_of_trace", "resolve_layers"),
+    "sglang": ("from_sglang", "to_sglang"),
+    "vllm": ("apply_to_vllm", "from_vllm", "to_vllm"),
+})
 
 
 @dataclass(frozen=True)
@@ -30,19 +40,26 @@ class Exporter:
 
     name: str
     summary: str  # one line for the CLI
-    build: Callable[..., dict]
+    builder: str  # "module:function" of build(plan, **params) -> dict, loaded on first use
     file_name: str  # what the operate loop and the demo call the file (the demo prefixes the strategy)
     params: tuple[Param, ...] = ()
 
+    @property
+    def build(self) -> Callable[..., dict]:
+        module, name = self.builder.split(":")
+        return getattr(importlib.import_module(module), name)
+
 
 _ALL = (
-    Exporter("sglang", "SGLang --init-expert-location: physical_to_logical_map [decoder layers][P]", export_sglang,
+    Exporter("sglang", "SGLang --init-expert-location: physical_to_logical_map [decoder layers][P]",
+             f"{__name__}.sglang:export_sglang",
              "sglang.json",
              (Param("moe_layer_map", list, None, "the decoder layer id of each MoE layer (from a trace; default: "
                     "the layout the plan records)"),
               Param("num_decoder_layers", int, None, "decoder layers of the model, dense ones included (default: "
                     "the plan's or the trace's record)", 1, MAX_DECODER_LAYERS))),
-    Exporter("vllm", "vLLM EPLB state: physical_to_logical_map [MoE layers][P] and its shape facts", export_vllm,
+    Exporter("vllm", "vLLM EPLB state: physical_to_logical_map [MoE layers][P] and its shape facts",
+             f"{__name__}.vllm:export_vllm",
              "vllm.json"),
 )
 EXPORTERS: dict[str, Exporter] = {e.name: e for e in _ALL}
@@ -70,6 +87,8 @@ def export_plan(plan: Plan, fmt: str, out: str | Path, **params: object) -> Path
     """Write ``plan`` in engine format ``fmt`` (a key of :data:`EXPORTERS`) to ``out``, atomically. ``params``: the
     format's declared parameters (a None value counts as not given); ValueError naming one it does not declare,
     or when the export cannot be made (sglang: the row count is not known)."""
+    from moeplace.io import atomic_write_json
+
     ex = get_exporter(fmt)
     given = {k: v for k, v in params.items() if v is not None}
     return atomic_write_json(ex.build(plan, **bind(ex.params, given, f"export format {fmt!r}")), out, indent=None)
@@ -88,5 +107,4 @@ def export_all(plan: Plan, folder: str | Path, prefix: str = "", known: Mapping[
     return out
 
 
-__all__ = ["EXPORTERS", "MAX_DECODER_LAYERS", "Exporter", "apply_to_vllm", "export_all", "export_plan",
-           "from_sglang", "from_vllm", "get_exporter", "layers_of_trace", "resolve_layers", "to_sglang", "to_vllm"]
+__all__ = sorted(["EXPORTERS", "MAX_DECODER_LAYERS", "Exporter", "export_all", "export_plan", "get_exporter", *_LAZY])

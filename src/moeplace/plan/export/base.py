@@ -10,8 +10,7 @@ import numpy as np
 
 from moeplace import schema
 from moeplace.placement import ModelLayers
-
-MAX_DECODER_LAYERS = 10000  # D: bounds the [D, P] SGLang map (DeepSeek-V3 has 61)
+from moeplace.plan.export import MAX_DECODER_LAYERS
 
 
 def resolve_layers(num_moe_layers: int, moe_layer_map: list[int] | None = None,
