@@ -36,6 +36,7 @@ from common import BenchRun
 
 from moeplace.deploy import parse_cluster
 from moeplace.operate import SGLANG_REBALANCE_STEPS, OperateConfig, operate
+from moeplace.operate.policies import POLICIES as REGISTERED_POLICIES
 from moeplace.operate.service import open_stream
 from moeplace.operate.workloads import Burst, DailyCycle, MixSchedule, Phase
 from moeplace.simulate import BatchConfig
@@ -66,7 +67,7 @@ def fg_schedule(keys: list[str]) -> MixSchedule:
         bursts=(Burst(FG_RATE // 2, FG_RATE // 8, "code/cython", 0.5),))
 
 SHARED = REPO.parent / "shared" / "data" / "gpt-oss-20b"
-POLICIES = ("static", "static-eplb", "periodic", "periodic-preserve", "threshold", "moeplace")
+POLICIES = tuple(REGISTERED_POLICIES)  # every registered policy, in registry order (a new one is benchmarked too)
 WINDOW = 64
 
 
