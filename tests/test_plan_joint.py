@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.placement import Cluster
+from moeplace.placement.grouper import Grouper, assign_rounds
 from moeplace.plan import workload_from_tokens
-from moeplace.plan.grouping import Grouper, assign_rounds
 from moeplace.plan.joint import LayerSearch, fold_use, request_folds, serve_table
 from moeplace.plan.joint_common import assign_all, signal_features, use_by_gpu
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from moeplace.placement import PLAN_FORMAT_VERSION, BalanceOutcome, Cluster, Fallback, Placement, Plan
+from moeplace.placement.grouper import Grouper
 from moeplace.plan import MOE_STRATEGIES, STRATEGIES, make_plan, workload_from_tokens
-from moeplace.plan.grouping import Grouper
 from moeplace.schema import SchemaError
 
 FIXTURES = Path(__file__).parent / "fixtures"

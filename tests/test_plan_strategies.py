@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from moeplace.placement import Cluster, Plan
+from moeplace.placement.grouper import Grouper, assign_rounds, balanced_assign, normalise_rows
 from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, make_plan, workload_from_tokens
 from moeplace.plan.base import load_from_tokens
-from moeplace.plan.grouping import Grouper, assign_rounds, balanced_assign, kmeans, normalise_rows
+from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint import serve_table
 from moeplace.plan.linear import round_robin_phy2log
 from moeplace.simulate import routing

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moeplace.placement import Plan
+from moeplace.placement import Grouper, Plan
 from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
-from moeplace.plan.grouping import Grouper
 from moeplace.trace.types import DECODE, PREFILL, Requests, Trace
 
 DEFAULT_PREFIX_TOKENS = 32
@@ -105,7 +104,7 @@ def scoring_trace(held: Trace, signal: np.ndarray) -> Trace:
 
 def plan_grouper(plan: Plan) -> Grouper | None:
     """The grouper a plan carries for new requests, or None."""
-    return None if plan.grouper is None else Grouper.from_json(plan.grouper.to_json())
+    return plan.grouper
 
 
 def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.io import atomic_write_json
+from moeplace.placement.grouper import Grouper
 
 PLAN_FORMAT_VERSION = 2  # 2: grouper, balance outcome, fallback and cost model are typed fields (1: in ``extra``)
 MAX_NODES = 1 << 12  # N: bounds every [W]-sized allocation made from a cluster spec or a plan file
@@ -241,44 +242,6 @@ class Placement:
         return cls(np.tile(row, (num_layers, 1)), num_experts, num_gpus)
 
 
-@dataclass(frozen=True, eq=False)
-class GrouperSpec:
-    """A plan's online grouper as stored in the plan: one linear scorer row per node over a request's prefill
-    expert counts. ``moeplace.plan.grouping.Grouper.from_json(spec.to_json())`` rebuilds the working object."""
-
-    kind: str  # what the rows are ("centroids": K-means centroids or centroids of cost-optimal labels)
-    gpus_per_node: int  # G
-    round_size: int  # requests admitted per scheduling round
-    weights: np.ndarray  # float32 [N, D]: node n's score for a request is feature . weights[n]
-    layers: tuple[int, ...] | None = None  # MoE layers the feature uses (None: all), so D = len(layers) * E
-
-    def __post_init__(self) -> None:
-        w = np.asarray(self.weights, np.float32)
-        if w.ndim != 2 or not np.isfinite(w).all():
-            raise ValueError(f"grouper: weights must be a finite [N, D] matrix, got shape {w.shape}")
-        object.__setattr__(self, "weights", w)
-        if self.layers is not None:
-            object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
-        if self.gpus_per_node < 1 or self.round_size < 1:
-            raise ValueError(f"grouper: gpus_per_node and round_size must be >= 1, got {self.gpus_per_node}, "
-                             f"{self.round_size}")
-
-    @property
-    def num_nodes(self) -> int:
-        return self.weights.shape[0]
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "gpus_per_node": int(self.gpus_per_node), "round_size": int(self.round_size),
-                "layers": None if self.layers is None else list(self.layers), "weights": self.weights.tolist()}
-
-    @classmethod
-    def from_json(cls, d: dict) -> GrouperSpec:
-        """From a validated grouper object (schema.GrouperJSON's fields) or ``Grouper.to_json()``."""
-        layers = d.get("layers")
-        return cls(str(d.get("kind", "centroids")), int(d["gpus_per_node"]), int(d["round_size"]),
-                   np.asarray(d["weights"], np.float32), None if layers is None else tuple(layers))
-
-
 @dataclass(frozen=True)
 class BalanceOutcome:
     """Whether a strategy with a balance floor met it on its planning window."""
@@ -379,7 +342,7 @@ class TypedOutcome:
     """The typed fields found among legacy ``extra`` keys, and the free-form rest."""
 
     extra: dict
-    grouper: GrouperSpec | None = None
+    grouper: Grouper | None = None
     balance: BalanceOutcome | None = None
     fallback: Fallback | None = None
     cost_model: CostModel | None = None
@@ -398,7 +361,7 @@ def typed_from_extra(extra: dict, strategy: str, where: str = "extra") -> TypedO
     m = schema.validate(schema.LegacyExtra, extra, where)
     rest = {k: v for k, v in extra.items() if k not in ("grouper", "allow_colocated", "fallback", "balance_floor",
                                                         "num_redundant", "cost_model")}
-    grouper = GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper is not None else None
+    grouper = Grouper.from_json(m.grouper.model_dump()) if m.grouper is not None else None
     balance = None
     if m.balance_floor is not None:
         hist = m.planning_balancedness
@@ -424,7 +387,7 @@ class Plan:
     # its inputs, so timings are never written into it)
     planned_on: str = ""  # the trace or load file the plan was made from
     extra: dict = field(default_factory=dict)  # free-form: strategy parameters and diagnostics (JSON-serialisable)
-    grouper: GrouperSpec | None = None  # homes for new requests from their prefill routing (None: round-robin)
+    grouper: Grouper | None = None  # homes for new requests from their prefill routing (None: round-robin)
     balance: BalanceOutcome | None = None  # the balance floor and whether it was met (strategies with a floor)
     fallback: Fallback | None = None  # set when the strategy used another method's result
     cost_model: CostModel | None = None  # the cost the strategy minimised, when it used one
@@ -524,7 +487,7 @@ class Plan:
                 typed = (t.grouper, t.balance, t.fallback, t.cost_model)
                 extra, colocated, layers = t.extra, t.allow_colocated, None
             else:
-                typed = (GrouperSpec.from_json(m.grouper.model_dump()) if m.grouper else None,
+                typed = (Grouper.from_json(m.grouper.model_dump()) if m.grouper else None,
                          BalanceOutcome(m.balance.floor, m.balance.achieved) if m.balance else None,
                          Fallback(m.fallback.used, m.fallback.reason) if m.fallback else None,
                          CostModel(**m.cost_model.model_dump()) if m.cost_model else None)

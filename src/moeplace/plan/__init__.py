@@ -27,13 +27,13 @@ import numpy as np
 
 from moeplace.deploy import TIME_PARAMS, Deployment
 from moeplace.params import Param, bind, check_declared
-from moeplace.placement import Cluster, GrouperSpec, Placement, Plan, check_slot_count, typed_from_extra
+from moeplace.placement import Cluster, Placement, Plan, check_slot_count, typed_from_extra
+from moeplace.placement.grouper import DEFAULT_ROUND
 from moeplace.plan.activation_clusters import plan_activation_clusters
 from moeplace.plan.base import StrategyResult, Workload, workload_from_tokens
 from moeplace.plan.eplb import plan_eplb
 from moeplace.plan.foe import plan_foe
 from moeplace.plan.graph import plan_coactivation, plan_hypergraph
-from moeplace.plan.grouping import DEFAULT_ROUND
 from moeplace.plan.joint import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS, PENALTY, plan_joint
 from moeplace.plan.linear import plan_linear, plan_round_robin
 
@@ -204,7 +204,7 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
         homes = {int(r): int(g) for r, g in zip(work.request_ids.tolist(), np.asarray(res.homes).tolist(),
                                                  strict=True)}
     t = typed_from_extra(dict(res.extra), strategy, f"strategy {strategy!r}: extra")
-    grouper = GrouperSpec.from_json(res.grouper.to_json()) if res.grouper is not None else None
+    grouper = res.grouper.rounded() if res.grouper is not None else None  # a plan stores 5 decimals
     return Plan(placement, cluster, homes, strategy, dt, planned_on, t.extra, grouper,
                 res.balance or t.balance, res.fallback or t.fallback, res.cost_model or t.cost_model,
                 foe_groups=res.foe_groups)

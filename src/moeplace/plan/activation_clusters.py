@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.placement import Cluster
+from moeplace.placement.grouper import DEFAULT_ROUND, Grouper, normalise_rows
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
 from moeplace.plan.eplb import balanced_packing
-from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, kmeans, normalise_rows
+from moeplace.plan.grouping import kmeans
 
 
 def node_counts(token_request: np.ndarray, expert_ids: np.ndarray, request_node: np.ndarray, num_nodes: int,

@@ -106,7 +106,7 @@ class StrategyResult:
 
     phy2log: np.ndarray  # int64 [L, P]
     homes: np.ndarray | None = None  # int64 [Rq]: home GPU of each planning-window request (None: round-robin)
-    grouper: object | None = None  # a grouping.Grouper for new requests (None: round-robin)
+    grouper: object | None = None  # a moeplace.placement.Grouper for new requests (None: round-robin)
     extra: dict = field(default_factory=dict)  # free-form parameters and diagnostics (JSON-serialisable)
     balance: BalanceOutcome | None = None  # the floor and what the strategy reached (strategies with a floor)
     fallback: Fallback | None = None  # set when the strategy used another method's result

@@ -38,8 +38,9 @@ import time
 import numpy as np
 
 from moeplace.placement import Cluster
+from moeplace.placement.grouper import DEFAULT_ROUND, Grouper, balanced_assign
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
-from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, balanced_assign, kmeans
+from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
 from moeplace.plan.joint_time import plan_joint_time
 from moeplace.simulate import routing

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from moeplace.placement.grouper import Grouper, assign_rounds, normalise_rows
 from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
 from moeplace.plan.base import Workload, request_expert_counts
-from moeplace.plan.grouping import Grouper, assign_rounds, normalise_rows
 
 MAX_FEATURE_DIM = 4096  # grouping features use evenly spaced layers beyond this many (layer, expert) entries
 

@@ -32,9 +32,10 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.placement import Cluster, CostModel, Fallback
+from moeplace.placement.grouper import DEFAULT_ROUND, Grouper
 from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
-from moeplace.plan.grouping import DEFAULT_ROUND, Grouper, kmeans
+from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
 from moeplace.simulate.batching import BatchConfig, window_microbatches
 from moeplace.simulate.cost import CostConfig
