@@ -23,6 +23,7 @@ from moeplace.placement.types import (
     Plan,
     TypedOutcome,
     check_slot_count,
+    linear_phy2log,
     log2phy_table,
     replica_counts,
     typed_from_extra,
@@ -30,5 +31,5 @@ from moeplace.placement.types import (
 
 __all__ = ["LEGACY_FALLBACK_USED", "MAX_DERIVED_CELLS", "MAX_NODES", "MAX_PLACEMENT_CELLS", "MAX_WORLD",
            "PLAN_FORMAT_VERSION", "BalanceOutcome", "Cluster", "CostModel", "Fallback", "FoeLayout", "Grouper",
-           "ModelLayers", "Placement", "Plan", "TypedOutcome", "check_slot_count", "log2phy_table", "replica_counts",
-           "typed_from_extra"]
+           "ModelLayers", "Placement", "Plan", "TypedOutcome", "check_slot_count", "linear_phy2log", "log2phy_table",
+           "replica_counts", "typed_from_extra"]

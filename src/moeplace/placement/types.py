@@ -52,6 +52,11 @@ def replica_counts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(flat, minlength=L * num_experts).reshape(L, num_experts)
 
 
+def linear_phy2log(num_layers: int, num_experts: int, num_slots: int) -> np.ndarray:
+    """int [L, P]: expert e on slot e; redundant slot E + j holds expert j (SGLang's and vLLM's initial map)."""
+    return np.tile(np.arange(num_slots) % num_experts, (num_layers, 1)).astype(np.int64)
+
+
 def log2phy_table(phy2log: np.ndarray, num_experts: int) -> np.ndarray:
     """int64 [L, E, M]: the slots of each expert in increasing order, padded with -1 (M = max replicas).
 
@@ -238,8 +243,7 @@ class Placement:
         if P % num_gpus:
             raise ValueError(f"linear placement: {num_experts} experts + {num_redundant} redundant slots are not "
                              f"divisible by {num_gpus} GPUs")
-        row = np.arange(P) % num_experts
-        return cls(np.tile(row, (num_layers, 1)), num_experts, num_gpus)
+        return cls(linear_phy2log(num_layers, num_experts, P), num_experts, num_gpus)
 
 
 @dataclass(frozen=True)

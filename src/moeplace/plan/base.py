@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moeplace.placement import BalanceOutcome, Cluster, CostModel, Fallback
+from moeplace.placement import BalanceOutcome, Cluster, CostModel, Fallback, check_slot_count
 
 
 @dataclass(frozen=True)
@@ -167,10 +167,10 @@ def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: 
 
 
 def check_sizes(num_layers: int, num_experts: int, cluster: Cluster, num_redundant: int) -> tuple[int, int]:
-    """Validate (E, R) against the cluster; returns (P, S)."""
+    """Validate (E, R) against the cluster (:func:`moeplace.placement.check_slot_count`, then whole slots per GPU);
+    returns (P, S)."""
     W = cluster.world_size
-    if num_redundant < 0:
-        raise ValueError(f"num_redundant must be >= 0, got {num_redundant}")
+    check_slot_count(num_experts, num_redundant, W, num_layers)
     P = num_experts + num_redundant
     if P % W:
         raise ValueError(

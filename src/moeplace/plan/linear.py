@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeplace.placement import Cluster
+from moeplace.placement import Cluster, linear_phy2log
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
-
-
-def linear_phy2log(num_layers: int, num_experts: int, num_slots: int) -> np.ndarray:
-    """int [L, P]: expert e on slot e; redundant slot E + j holds expert j (SGLang's and vLLM's initial map)."""
-    return np.tile(np.arange(num_slots) % num_experts, (num_layers, 1)).astype(np.int64)
 
 
 def round_robin_phy2log(num_layers: int, num_experts: int, num_slots: int, num_gpus: int) -> np.ndarray:
@@ -35,7 +30,7 @@ def round_robin_phy2log(num_layers: int, num_experts: int, num_slots: int, num_g
 
 
 def plan_linear(work: Workload, cluster: Cluster, num_redundant: int) -> StrategyResult:
-    """Registry adapter for :func:`linear_phy2log`; homes round-robin."""
+    """Registry adapter for :func:`moeplace.placement.linear_phy2log`; homes round-robin."""
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     return StrategyResult(linear_phy2log(work.num_layers, work.num_experts, P))
 
