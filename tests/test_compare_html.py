@@ -267,13 +267,16 @@ def test_floor_sweep_and_large_cluster(compared):
              {"balance_floor": 0.97, "balancedness": 0.97, "inter_node_bytes_vs_linear": 0.99}]
     page = render_compare_html({**res, "frontier": {"joint": sweep, "eplb": sweep[:1]}})
     assert "joint re-planned at balance floors 0.9, 0.97" in page and page.count("<polyline") == 1
+    # the dashed line joins the two re-planned points only (joint's compare row is its marker, not on the sweep)
+    (line,) = re.findall(r'<g class="sweep" data-strategy="joint">(.*?)</g>', page, flags=re.S)
+    assert line.count('class="sweep-point"') == 2 and "--balance-floor 0.97" in line
     # 9 nodes x 8 GPUs: the traffic matrix is drawn node by node, each cell the sum of its 8 x 8 GPU block
     rng = np.random.default_rng(0)
     M = rng.integers(0, 100, (72, 72)).astype(float)
     np.fill_diagonal(M, 0.0)
     row = {**res["strategies"]["eplb"], "load_per_gpu": rng.integers(1, 9, 72).tolist(),
            "traffic_matrix_bytes": M.tolist(), "prefill_load_per_gpu": None, "prefill_traffic_matrix_bytes": None}
-    page = render_compare_html({**res, "cluster": "9x8", "strategies": {"eplb": row}})
+    page = render_compare_html({**res, "cluster": "9x8", "cluster_hardware": None, "strategies": {"eplb": row}})
     marks = _parse(page)
     cells = {(int(a["data-src"]), int(a["data-dst"])): float(a["data-value"])
              for t, a in _chart(marks, "traffic", "eplb", "decode") if a.get("class") == "cell"}

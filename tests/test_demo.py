@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from moeplace.cli import main
 from moeplace.data import default_trace_path
 from moeplace.placement import Plan
@@ -61,3 +63,24 @@ def test_every_command_help_has_an_example(capsys):
         assert "example" in text.lower(), f"'moeplace {' '.join(path)} --help' shows no example"
         seen += 1
     assert seen >= 15
+
+
+def test_demo_takes_the_deployment_group(tmp_path, capsys):
+    """The demo's cluster, hardware, hidden size and batch sizes come from the deployment option group."""
+    from moeplace.deploy import parse_cluster
+    from moeplace.evaluate import compare
+    from moeplace.trace import read_trace
+
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), "--strategies", "linear,eplb", "--export-strategy", "eplb", "--quiet",
+               "--cluster", "2", "--cluster-preset", "h200-8", "--redundant", "16", "--hidden-size", "256",
+               "--decode-batch", "64"])
+    assert rc == 0
+    assert "(2x8, 16 redundant slots per layer)" in capsys.readouterr().out
+    cluster = parse_cluster("2", "h200-8")
+    cmp = json.loads((out / "compare.json").read_text())
+    assert cmp["cluster_hardware"] == cluster.to_json()
+    assert Plan.load(out / "eplb.plan.json").cluster == cluster
+    base = compare(read_trace(default_trace_path()), cluster, 16, ["linear"], arrival="mixed")  # the trace's 128
+    got, ref = cmp["strategies"]["linear"]["inter_node_bytes"], base["strategies"]["linear"]["inter_node_bytes"]
+    assert got == pytest.approx(2 * ref, rel=0.02)

@@ -4,6 +4,7 @@ strategy parameters refused when inapplicable, and the plan's cost_model recordi
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -25,10 +26,14 @@ def _flags(cmd: str) -> dict[str, tuple]:
             if o in DEPLOYMENT_FLAGS}
 
 
-@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c != "demo"])
+@pytest.mark.parametrize("cmd", COMMANDS)
 def test_group_identical_on_every_command(cmd):
     assert set(_flags(cmd)) == set(DEPLOYMENT_FLAGS)
-    assert _flags(cmd) == _flags("plan")
+    got, want = _flags(cmd), _flags("plan")
+    if cmd == "demo":  # the demo runs without flags: its cluster defaults to 4x2, every other default is shared
+        assert got.pop("--cluster")[0] == "4x2"
+        want.pop("--cluster")
+    assert got == want
 
 
 def test_defaults_are_the_library_defaults():
@@ -98,3 +103,28 @@ def test_sweep_floor_refused_without_a_floor(capsys):
     rc = main(["compare", TRACE, "--cluster", "4x2", "--strategies", "linear,eplb", "--sweep-floor", "0.9,0.95"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--sweep-floor" in err[0]
+
+
+def test_sweep_floor_points_differ_and_are_drawn(tmp_path, capsys):
+    """--sweep-floor re-plans joint under the bytes objective at each floor: the points differ in the JSON, and the
+    HTML draws the dashed sweep its caption names (through the re-planned points only)."""
+    js, page = tmp_path / "c.json", tmp_path / "c.html"
+    assert main(["compare", TRACE, "--cluster", "4x2", "--redundant", "8", "--strategies", "eplb,joint",
+                 "--sweep-floor", "0.85,0.97", "--search-evals", "200", "--quiet", "--json", str(js),
+                 "--html", str(page)]) == 0
+    capsys.readouterr()
+    pts = json.loads(js.read_text())["frontier"]["joint"]
+    assert [p["balance_floor"] for p in pts] == [None, 0.85, 0.97]
+    assert all(p["objective"] == "bytes" for p in pts[1:])
+    seen = {(round(p["balancedness"], 6), round(p["inter_node_bytes_vs_linear"], 6)) for p in pts}
+    assert len(seen) == 3, pts
+    text = page.read_text()
+    sweep = re.findall(r'<g class="sweep" data-strategy="joint">(.*?)</g>', text, flags=re.S)
+    assert len(sweep) == 1 and sweep[0].count("<polyline") == 1 and 'stroke-dasharray="4 3"' in sweep[0]
+    assert sweep[0].count('class="sweep-point"') == 2  # the floors, not joint's compare row
+    assert "joint re-planned at balance floors 0.85, 0.97" in text
+
+    from moeplace.evaluate.html import render_compare_html
+
+    no_sweep = render_compare_html({k: v for k, v in json.loads(js.read_text()).items() if k != "frontier"})
+    assert 'class="sweep"' not in no_sweep and "re-planned at balance floors" not in no_sweep

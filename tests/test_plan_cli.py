@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from moeplace.cli import main
 from moeplace.evaluate.compare import frontier_figure
@@ -15,8 +16,14 @@ from moeplace.trace import TraceMeta, TraceWriter
 
 def test_list_shows_exactly_the_registry(capsys):
     assert main(["plan", "--list"]) == 0
-    names = [line.split()[0] for line in capsys.readouterr().out.strip().splitlines()]
+    lines = capsys.readouterr().out.strip().splitlines()
+    names = [line.split()[0] for line in lines if not line.startswith(" ")]
     assert names == list(STRATEGIES)
+    # under each strategy, one indented line per declared parameter that has a flag (the time model's come from
+    # the deployment group, named on one line)
+    joint = lines[lines.index(next(x for x in lines if x.startswith("joint "))) + 1:]
+    joint = joint[:next((i for i, x in enumerate(joint) if not x.startswith(" ")), len(joint))]
+    assert any("--balance-floor" in x for x in joint) and any("(deployment group)" in x for x in joint)
 
 
 def test_plan_from_load_json_and_logical_count(tmp_path):
@@ -63,6 +70,12 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
         for key in ("inter_node_bytes_vs_linear", "balancedness", "imbalance_ratio", "max_per_peer_bytes",
                     "layer_time_s", "plan_seconds"):
             assert key in row
+        # the key simulate and run-ep use for the same quantity: one layer on one micro-batch, µs, per phase
+        us = row["layer_time_us_per_microbatch"]
+        assert set(us) == {"prefill", "decode"}
+        for ph in ("prefill", "decode"):
+            sec = row[f"{ph}_layer_time_s"]
+            assert us[ph] is None if sec is None else us[ph] == pytest.approx(sec * 1e6)
     assert abs(res["strategies"]["linear"]["inter_node_bytes_vs_linear"] - 1.0) < 1e-9
     assert len(res["frontier"]["joint"]) == 3 and (tmp_path / "f.png").exists()
     assert f"wrote {tmp_path / 'f.png'} (frontier plot)" in capsys.readouterr().out
@@ -70,7 +83,8 @@ def test_compare_and_export(small_trace, tmp_path, capsys):
     ax = fig.axes[0]
     assert ax.get_title() == "Balance-floor frontier: t" and "lower is better" in ax.get_ylabel()
     assert "higher is better" in ax.get_xlabel() and [t.get_text() for t in ax.texts] == ["better: lower right"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(res["frontier"])
+    # one entry per strategy (its compare row) and one for joint's floor sweep, drawn dashed
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [*res["frontier"], "joint at floors 0.5, 0.9"]
     plan = tmp_path / "plan.json"
     assert main(["plan", str(path), "--strategy", "eplb", "--cluster", "2x1", "--out", str(plan)]) == 0
     # this trace records no moe_layer_map: the row count is unknown until the user says every layer is MoE

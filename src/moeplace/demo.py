@@ -11,8 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moeplace.io import atomic_write_json
+
+if TYPE_CHECKING:
+    from moeplace.deploy import Deployment
+
+DEFAULT_CLUSTER = "4x2"  # the demo's cluster when no deployment is given (generic links)
 
 
 @dataclass(frozen=True)
@@ -21,8 +27,8 @@ class DemoConfig:
 
     trace: Path  # trace directory (the bundled default trace unless given)
     out: Path  # folder for the reports
-    cluster: str = "4x2"  # NODESxGPUS, or NODES with cluster_preset
-    cluster_preset: str | None = None  # links, HBM and FLOP rate from a preset (docs/PRESETS.md); None: defaults
+    deployment: Deployment | None = None  # cluster, hardware, time model, rule, batch sizes (the CLI's deployment
+    # option group, docs/DEPLOYMENT.md); None: DEFAULT_CLUSTER with the library defaults
     redundant: int = 8  # redundant slots per layer
     strategies: tuple[str, ...] = ()  # strategies to compare (empty: all registered)
     export_strategy: str = "joint"  # strategy planned on the whole trace and exported
@@ -58,16 +64,21 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
     "outputs": [paths written]}."""
     from moeplace.analyse.report import write_report
     from moeplace.analyse.summary import analyse_trace, format_summary
-    from moeplace.deploy import get_cluster_preset, parse_cluster
+    from moeplace.deploy import Deployment, get_cluster_preset, parse_cluster
     from moeplace.evaluate import compare, format_table
     from moeplace.plan import MOE_STRATEGIES, get_strategy, make_plan
     from moeplace.plan.base import workload_from_trace
     from moeplace.plan.export import export_all
+    from moeplace.simulate import BatchConfig, CostConfig
     from moeplace.trace import read_meta, read_trace
     from moeplace.trace.describe import format_trace_info
     from moeplace.trace.reader import trace_info
 
-    cluster = parse_cluster(cfg.cluster, cfg.cluster_preset)
+    dep = cfg.deployment or Deployment(parse_cluster(DEFAULT_CLUSTER))
+    cluster = dep.cluster
+    cost = CostConfig(hidden_size=dep.hidden_size, dispatch_bytes=dep.dispatch_bytes, combine_bytes=dep.combine_bytes,
+                      mode=dep.mode, overlap=dep.overlap)
+    batching = BatchConfig(decode_batch=dep.decode_batch, prefill_tokens=dep.prefill_tokens)
     names = list(cfg.strategies) or list(MOE_STRATEGIES)
     for n in [*names, cfg.export_strategy]:
         get_strategy(n)
@@ -100,21 +111,23 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> dict:
             say(f"  {msg} ...")
 
     cmp = compare(read_trace(cfg.trace), cluster, cfg.redundant, names, holdout=cfg.holdout, seed=cfg.seed,
-                  progress=step, arrival="mixed")
+                  progress=step, arrival="mixed", cost=cost, batching=batching, rule=dep.rule,
+                  deployment=dep)
     written.append(atomic_write_json(cmp, out / "compare.json"))
     say(f"  planned on {cmp['planning_requests']} requests, scored on {cmp['held_out_requests']} held-out "
         f"requests ({cmp['scored_tokens']} decode tokens, arrival order: {cmp['arrival']})")
     say(format_table(cmp))
     say(f"  ({time.perf_counter() - t0:.1f} s) wrote {out / 'compare.json'}")
-    links = (get_cluster_preset(cfg.cluster_preset).note if cfg.cluster_preset else
+    links = (get_cluster_preset(dep.cluster_preset).note if dep.cluster_preset else
              f"default links: {cluster.intra_bw / 1e9:.0f} GB/s inside a node, {cluster.inter_bw / 1e9:.0f} GB/s "
              "between nodes per GPU")
-    say("\n" + in_users_terms(cmp, cluster.num_nodes, cluster.gpus_per_node, links, meta.hidden_size))
+    say("\n" + in_users_terms(cmp, cluster.num_nodes, cluster.gpus_per_node, links,
+                              dep.hidden_size or meta.hidden_size))
 
     best = cfg.export_strategy
     t0 = stage(4, f"plan '{best}' on the whole trace and export it")
     work, info = workload_from_trace(cfg.trace, 32)
-    plan = make_plan(best, work, cluster, cfg.redundant, planned_on=str(cfg.trace), seed=cfg.seed)
+    plan = make_plan(best, work, cluster, cfg.redundant, planned_on=str(cfg.trace), deployment=dep, seed=cfg.seed)
     files = [plan.save(out / f"{best}.plan.json"),
              *export_all(plan, out, f"{best}.", {"moe_layer_map": info.get("moe_layer_map")})]
     for f in files:

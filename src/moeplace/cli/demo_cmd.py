@@ -10,16 +10,17 @@ import argparse
 from pathlib import Path
 
 from moeplace.cli import MAX_REDUNDANT, float_in, int_in, output_dir
+from moeplace.cli.options import add_deployment_options, deployment_from_args
 from moeplace.data import default_trace_path
-from moeplace.demo import DemoConfig, run_demo
-from moeplace.deploy import CLUSTER_PRESETS
+from moeplace.demo import DEFAULT_CLUSTER, DemoConfig, run_demo
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    cfg = DemoConfig(Path(args.trace) if args.trace else default_trace_path(), Path(args.out), args.cluster,
-                     args.cluster_preset, args.redundant,
-                     tuple(args.strategies.split(",")) if args.strategies else (), args.export_strategy,
-                     args.holdout, args.seed, not args.quiet)
+    cfg = DemoConfig(Path(args.trace) if args.trace else default_trace_path(), Path(args.out),
+                     deployment=deployment_from_args(args), redundant=args.redundant,
+                     strategies=tuple(args.strategies.split(",")) if args.strategies else (),
+                     export_strategy=args.export_strategy, holdout=args.holdout, seed=args.seed,
+                     progress=not args.quiet)
     run_demo(cfg, say=lambda msg: print(msg, flush=True))
     return 0
 
@@ -31,17 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(JSON + HTML report), every placement strategy planned on one window and scored by the "
                     "simulator on held-out requests, and the chosen plan exported for SGLang and vLLM.",
         epilog="examples:\n  moeplace demo --out out/demo --cluster 4x2 --redundant 8\n"
-               "  moeplace demo --cluster 4 --cluster-preset h200-8 --redundant 32",
+               "  moeplace demo --cluster 4 --cluster-preset h200-8 --redundant 32\n"
+               "  moeplace demo --cluster 4 --cluster-preset h200-8 --hidden-size 2880 --decode-batch 64",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=output_dir, default="out/demo",
                    help="folder for the demo's reports (default: out/demo)")
     p.add_argument("--trace", default=None, help="trace to run on (default: the bundled default trace)")
-    p.add_argument("--cluster", default="4x2",
-                   help="NODESxGPUS (default: 4x2), or NODES with --cluster-preset (e.g. --cluster 4 "
-                        "--cluster-preset h200-8)")
-    p.add_argument("--cluster-preset", choices=sorted(CLUSTER_PRESETS), default=None,
-                   help="links, HBM and FLOP rate of a GPU system (docs/PRESETS.md; default: generic links)")
+    add_deployment_options(p, cluster_default=DEFAULT_CLUSTER)
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=8,
                    help="redundant slots per layer (default: 8)")
     p.add_argument("--strategies", default=None, help="comma-separated strategies to compare (default: all)")

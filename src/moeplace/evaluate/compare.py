@@ -176,17 +176,22 @@ def frontier_figure(frontier: dict, title: str = "Balance-floor frontier"):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, pts in frontier.items():
-        pts = sorted(pts, key=lambda p: p["balancedness"])
-        ax.plot([p["balancedness"] for p in pts], [p["inter_node_bytes_vs_linear"] for p in pts],
-                marker="o", label=name)
+    for name, pts in frontier.items():  # the compare row as a marker; the points re-planned at floors dashed
+        row = [p for p in pts if p.get("balance_floor") is None]
+        swept = sorted((p for p in pts if p.get("balance_floor") is not None), key=lambda p: p["balancedness"])
+        (mark,) = ax.plot([p["balancedness"] for p in row], [p["inter_node_bytes_vs_linear"] for p in row],
+                          marker="o", linestyle="none", label=name)
+        if swept:
+            ax.plot([p["balancedness"] for p in swept], [p["inter_node_bytes_vs_linear"] for p in swept],
+                    marker="o", mfc="white", linestyle="--", color=mark.get_color(),
+                    label=f"{name} at floors " + ", ".join(f"{p['balance_floor']:g}" for p in swept))
     ax.set_xlabel("balancedness (held-out, mean/max GPU load; higher is better)")
     ax.set_ylabel("inter-node bytes / linear  (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.annotate("better: lower right", xy=(0.97, 0.05), xytext=(0.72, 0.28), xycoords="axes fraction", fontsize=9,
                 ha="center", color="#2b8a3e", arrowprops={"arrowstyle": "->", "color": "#2b8a3e", "lw": 1.5})
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")  # where it hides the fewest points
     fig.tight_layout()
     return fig
 

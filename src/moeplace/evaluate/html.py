@@ -121,13 +121,14 @@ def _legend(entries: list[tuple[str, str, str]], x0: float, y0: float, width: fl
 
 
 def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
-             lines: list[tuple[str, list[tuple[float, float]]]]) -> str:
-    """An x-y chart: ``points`` are dicts (name, x, y, color, shape, tip); ``lines`` (color, [(x, y)]) join
-    sweeps. Strategies are told apart by colour and marker shape, named in a legend under the axes (no labels
-    beside the points, which collide and clip); a point drawn on an earlier one says so in the legend."""
+             lines: list[tuple[str, str, list[tuple[float, float, str]]]]) -> str:
+    """An x-y chart: ``points`` are dicts (name, x, y, color, shape, tip); ``lines`` (strategy, color,
+    [(x, y, tip)]) are sweeps, drawn dashed through hollow circles (hover: the tip). Strategies are told apart by
+    colour and marker shape, named in a legend under the axes (no labels beside the points, which collide and
+    clip); a point drawn on an earlier one says so in the legend."""
     w, h, ml, mr, mt, mb = 360, 280, 58, 14, 12, 44
-    xs = [p["x"] for p in points] + [x for _, pts in lines for x, _ in pts]
-    ys = [p["y"] for p in points] + [y for _, pts in lines for _, y in pts]
+    xs = [p["x"] for p in points] + [q[0] for _, _, pts in lines for q in pts]
+    ys = [p["y"] for p in points] + [q[1] for _, _, pts in lines for q in pts]
     x0, x1 = _span(xs)
     y0, y1 = _span(ys)
     xt = [t for t in _ticks(x0, x1) if x0 <= t <= x1]
@@ -162,11 +163,14 @@ def _scatter(points: list[dict], xlabel: str, ylabel: str, kind: str,
     out.append(f'<text x="{(ml + w - mr) / 2}" y="{h - 8}" font-size="11" text-anchor="middle">{_esc(xlabel)}</text>'
                f'<text transform="translate(13 {(mt + h - mb) / 2}) rotate(-90)" font-size="11" '
                f'text-anchor="middle">{_esc(ylabel)}</text>')
-    for color, pts in lines:
+    for name, color, pts in lines:
         pts = sorted(pts)
-        d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"/>')
-        out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="#fff" stroke="{color}"/>' for x, y in pts]
+        d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, _ in pts)
+        out.append(f'<g class="sweep" data-strategy="{_esc(name)}"><polyline points="{d}" fill="none" '
+                   f'stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"/>')
+        out += [f'<circle class="sweep-point" cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="#fff" stroke="{color}" '
+                f'stroke-width="1.5"><title>{_esc(t)}</title></circle>' for x, y, t in pts]
+        out.append("</g>")
     for p, (_, cx, cy) in zip(points, drawn, strict=True):
         out.append(f'<g class="point" data-strategy="{_esc(p["name"])}" data-x="{p["x"]!r}" data-y="{p["y"]!r}">'
                    f'{_marker(p["shape"], cx, cy, p["color"], title=p["tip"])}</g>')
@@ -293,15 +297,27 @@ def _frontier(result: dict, styles: dict[str, tuple[str, str]]) -> str:
         else:
             panels.append((None, f"{ph.capitalize()}: no {ph} micro-batches in this trace, so there is no {ph} "
                            "layer time to plot."))
-    sweep = result.get("frontier") or {}
-    lines = [(styles.get(n, ("#555",))[0], [(p["balancedness"], p["inter_node_bytes_vs_linear"]) for p in pts])
-             for n, pts in sweep.items() if len(pts) > 1]
+    # the floor sweep: each floored strategy re-planned at every floor (its first point is its compare row, which
+    # the marker shows; the dashed line joins only the re-planned points, so it is the frontier the floors trace)
+    sweep = {n: [p for p in pts if p.get("balance_floor") is not None]
+             for n, pts in (result.get("frontier") or {}).items()}
+    sweep = {n: pts for n, pts in sweep.items() if pts}
+
+    def sweep_tip(n: str, p: dict) -> str:
+        return (f"{n} --objective {p.get('objective') or 'bytes'} --balance-floor {p['balance_floor']:g}: "
+                f"inter-node bytes / linear {p['inter_node_bytes_vs_linear']:.3f}, "
+                f"balancedness {p['balancedness']:.3f}")
+
+    lines = [(n, styles.get(n, ("#555",))[0],
+              [(p["balancedness"], p["inter_node_bytes_vs_linear"], sweep_tip(n, p)) for p in pts])
+             for n, pts in sweep.items()]
     pts = [{"name": n, "x": r["balancedness"], "y": r["inter_node_bytes_vs_linear"], "color": styles[n][0],
             "shape": styles[n][1], "tip": tip(n, r)} for n, r in rows.items()]
     cap = "Balancedness (mean/max GPU load per layer, averaged) against inter-node bytes. Lower right is better."
-    if lines:
-        floors = [p["balance_floor"] for p in sweep.get("joint", [])[1:]]
-        cap += " Dashed: joint re-planned at balance floors " + ", ".join(f"{f:g}" for f in floors) + "."
+    for n, pts_n in sweep.items():
+        floors = ", ".join(f"{p['balance_floor']:g}" for p in pts_n)
+        cap += (f" Dashed through hollow circles: {n} re-planned at balance floors {floors} "
+                f"(--objective {pts_n[0].get('objective') or 'bytes'}; hover a circle for its floor).")
     panels.append((_scatter(pts, "balancedness (held-out)", "inter-node bytes / linear", "balance", lines), cap))
     return '<div class="grid">' + "".join(
         f'<div class="panel">{svg}<p>{_esc(c)}</p></div>' if svg else
