@@ -199,6 +199,9 @@ def test_run_ep_cli_on_an_foe_trace(foe2_dir, tmp_path):
     rep = json.loads(out.read_text())
     assert rep["foe"]["groups"] == 2 and rep["bytes_match_simulator"] and rep["allreduce_matches_closed_form"]
     assert rep["inter_node_bytes"]["total"] == 0 and rep["allreduce_inter_node_bytes"]["total"] > 0
+    M, L = rep["window"]["num_microbatches"], len(rep["layer_time_s"]["per_layer"])
+    assert rep["layer_time_us_per_microbatch"]["decode"] == pytest.approx(rep["layer_time_s"]["total"] / (M * L) * 1e6)
+    assert "measured" in r.stdout and "µs" in r.stdout and "replayed" in r.stdout
     # an FoE trace with a plain plan is refused before any process starts
     moe_plan = tmp_path / "moe.json"
     assert run_cli("plan", str(foe2_dir), "--strategy", "linear", "--cluster", "2x2", "--out",

@@ -114,9 +114,9 @@ def _one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("extra, expect", [
     (["--ffn", "-3"], "--ffn"),
-    (["--hidden", "100000000"], "--hidden"),
-    (["--hidden", "0"], "--hidden"),
-    (["--hidden", "12.5"], "--hidden"),
+    (["--hidden-size", "100000000"], "--hidden-size"),
+    (["--hidden-size", "0"], "--hidden-size"),
+    (["--hidden-size", "12.5"], "--hidden-size"),
     (["--repeats", "0"], "--repeats"),
     (["--microbatches", "-1"], "--microbatches"),
     (["--skip", "-2"], "--skip"),
@@ -132,6 +132,15 @@ def _one_error_line(err: str) -> str:
     (["--dtype", "int8"], "--dtype"),
     (["--emulate-compute", "--compute-flops", "0"], "--compute-flops"),
     (["--compute-hbm-gbps", "10"], "--compute-hbm-gbps"),  # without --emulate-compute: would do nothing
+    # deployment-group flags a measured run has no use for: refused, never ignored
+    (["--mode", "nccl"], "--mode does not apply to run-ep"),
+    (["--overlap"], "--overlap does not apply to run-ep"),
+    (["--dispatch-bytes", "2"], "--dispatch-bytes does not apply to run-ep"),
+    (["--combine-bytes", "4"], "--combine-bytes does not apply to run-ep"),
+    (["--batch-tokens", "8", "--prefill-tokens", "16"], "--batch-tokens"),
+    (["--decode-batch", "0"], "--decode-batch"),
+    (["--cluster", "4x1"], "does not match the plan's cluster 2x2"),
+    (["--cluster", "2"], "--cluster-preset"),
 ])
 def test_out_of_range_options_are_one_line_exit_2_before_any_rank(tiny, no_spawn, capsys, extra, expect):
     trace, plan, _ = tiny
@@ -158,10 +167,11 @@ def test_library_options_are_checked_too(tmp_path):
 def test_memory_the_ranks_would_need_is_checked_before_they_start(tiny, no_spawn, capsys):
     trace, plan, _ = tiny
     # 8 experts x 2 x 60000^2 float32 per rank: about 230 GiB per rank, far above any test machine
-    rc = main(["run-ep", str(trace), "--plan", str(plan), "--cluster", "2x2", "--hidden", "60000", "--ffn", "60000"])
+    rc = main(["run-ep", str(trace), "--plan", str(plan), "--cluster", "2x2", "--hidden-size", "60000",
+               "--ffn", "60000"])
     assert rc == 2
     line = _one_error_line(capsys.readouterr().err)
-    assert "GiB" in line and "--hidden" in line
+    assert "GiB" in line and "--hidden-size" in line
     # through the library with an explicit budget: 4 ranks x (8 experts x 2 x 4096^2 float32 + base) > 4 GiB
     opts = RunEpOptions(trace, plan, "2x2", hidden=4096, ffn=4096)
     with pytest.raises(ValueError, match="would need about"):
@@ -196,13 +206,47 @@ def test_run_ep_with_emulated_compute_reports_the_wait_next_to_the_prediction(ti
                "--microbatches", "2", "--repeats", "1", "--emulate-compute", "--compute-flops", "1e6",
                "--compute-hbm-gbps", "0.01", "--json", str(out)])
     assert rc == 0
-    assert "expert compute emulated" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "emulated expert compute" in text
     rep = json.loads(out.read_text())
     assert rep["config"]["emulate_compute"] and rep["config"]["compute_device"]["expert_flops"] == 1e6
+    _check_text_and_unit(text, rep)
     waited, predicted = rep["emulated_compute_s"]["total"], rep["predicted"]["kernel_time"]["expert_time_s"]["total"]
     assert waited == pytest.approx(predicted, rel=1e-9) and waited > 0
     assert rep["layer_time_s"]["total"] >= waited  # the wait is inside every timed layer call
     assert rep["bytes_match_simulator"]
+
+
+def _check_text_and_unit(text: str, rep: dict) -> None:
+    """run-ep's text and JSON: one layer on one micro-batch in µs, measured next to predicted, the replayed tokens
+    out of the trace's, and the measured ratio in words (docs/RUNTIME.md, "Units")."""
+    M, L = rep["window"]["num_microbatches"], len(rep["layer_time_s"]["per_layer"])
+    measured = rep["layer_time_us_per_microbatch"]["decode"]
+    predicted = rep["predicted"]["layer_time_us_per_microbatch"]["decode"]
+    assert measured == pytest.approx(rep["layer_time_s"]["total"] / (M * L) * 1e6)
+    assert predicted == pytest.approx(rep["predicted"]["kernel_time"]["layer_time_s"]["total"] / (M * L) * 1e6)
+    assert (f"layer time per layer per micro-batch: measured {measured:,.1f} µs, predicted {predicted:,.1f} µs"
+            in text)
+    w = rep["window"]
+    assert w["trace_tokens"] == 320 and f"replayed {w['num_tokens']:,} of 320 tokens in the trace" in text
+    ratio = measured / predicted
+    assert "measured / predicted = " in text
+    assert (f"{ratio:.2f}x" if 0.5 <= ratio <= 2 else f"{ratio:,.0f}x") in text
+    assert "compare ratios between plans" in text or "close to the time model" in text
+
+
+def test_run_ep_text_gives_us_per_layer_per_microbatch_and_the_replayed_tokens(tiny, tmp_path, capsys):
+    trace, plan, _ = tiny
+    out = tmp_path / "run.json"
+    rc = main(["run-ep", str(trace), "--plan", str(plan), "--cluster", "2x2", "--decode-batch", "4",
+               "--microbatches", "2", "--repeats", "1", "--hidden-size", "16", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    rep = json.loads(out.read_text())
+    assert rep["config"]["hidden"] == 16 and rep["config"]["decode_batch"] == 4
+    assert rep["config"]["batch_tokens"] == 4  # the replayed phase's batch size, as before
+    assert "2 decode micro-batches of up to 4 requests" in text and "gloo over loopback" in text
+    _check_text_and_unit(text, rep)
 
 
 def test_a_report_that_cannot_be_written_at_the_end_is_printed_not_lost(tiny, capsys):

@@ -207,6 +207,29 @@ def test_streaming_from_disk_and_cli(tmp_path):
     assert main(["simulate", str(path), "--cluster", "2x3", "--json", str(out)]) == 2  # 8 experts on 6 GPUs
 
 
+def test_cli_text_is_us_per_layer_per_microbatch_and_names_the_kernel(tmp_path, capsys):
+    """simulate prints one layer on one micro-batch in µs (the unit compare and run-ep print) and says in words which
+    kernel priced it; the JSON holds the same numbers under layer_time_us_per_microbatch."""
+    rng = np.random.default_rng(3)
+    path = write_trace(tmp_path / "t.trace", make_trace(rng, 9, 2, 8, 2, 5, 6, shuffle=False), shard_tokens=13)
+    out = tmp_path / "sim.json"
+    assert main(["simulate", str(path), "--cluster", "2x2", "--json", str(out), "--decode-batch", "4",
+                 "--prefill-tokens", "7"]) == 0
+    text = capsys.readouterr().out
+    j = json.loads(out.read_text())
+    assert "kernel: deepep-normal for prefill, deepep-ll for decode (auto)" in text
+    assert " ms" not in text and "LAR" not in text and "local activation rate" in text
+    us = j["layer_time_us_per_microbatch"]
+    for ph, kernel in (("prefill", "deepep-normal"), ("decode", "deepep-ll")):
+        p = j[ph]
+        want = p["kernel_time"]["layer_time_s"]["total"] / (p["num_microbatches"] * 2) * 1e6
+        assert us[ph] == pytest.approx(want)
+        line = next(x for x in text.splitlines() if x.strip().startswith(ph))
+        assert f"layer time {us[ph]:,.1f} µs ({kernel} kernel model" in line
+    assert main(["simulate", str(path), "--cluster", "2x2", "--mode", "nccl", "--overlap"]) == 0
+    assert "kernel: nccl, two-batch overlap" in capsys.readouterr().out
+
+
 def test_assign_slots_in_parts_equals_whole():
     """base_load carries a micro-batch routed in several calls: two halves give the same slots as one call."""
     rng = np.random.default_rng(11)

@@ -277,7 +277,7 @@ def test_every_option_refuses_values_out_of_range(cmd, action):
     (["trace", "record", "--model", "m", "--prompts", "p", "--max-new-tokens", "2", "--min-new-tokens", "-1", "o"],
      ["--min-new-tokens"]),
     (["run-ep", "T", "--plan", "P", "--cluster", "2x2", "--ffn", "-3"], ["--ffn"]),
-    (["run-ep", "T", "--plan", "P", "--cluster", "2x2", "--hidden", "100000000"], ["--hidden"]),
+    (["run-ep", "T", "--plan", "P", "--cluster", "2x2", "--hidden-size", "100000000"], ["--hidden-size"]),
 ])
 def test_options_out_of_range(args, mentions, tiny_trace, work_dir, capsys):
     load = work_dir / "ok.load.json"

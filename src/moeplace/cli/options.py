@@ -17,8 +17,10 @@ DEPLOYMENT_FLAGS = ("--cluster", "--cluster-preset", "--hidden-size", "--dispatc
                     "--rule", "--overlap", "--decode-batch", "--prefill-tokens")
 
 
-def add_deployment_options(parser: argparse.ArgumentParser, cluster_default: str | None = None) -> None:
-    """Add the deployment group (:data:`DEPLOYMENT_FLAGS`) to ``parser``."""
+def add_deployment_options(parser: argparse.ArgumentParser, cluster_default: str | None = None,
+                           hidden_default: int | None = None) -> None:
+    """Add the deployment group (:data:`DEPLOYMENT_FLAGS`) to ``parser``; ``hidden_default``: a command's own
+    default hidden size (run-ep's emulated layer) instead of the trace's."""
     from moeplace.deploy import CLUSTER_PRESETS, Deployment
     from moeplace.simulate.config import MODES, RULES
 
@@ -31,8 +33,10 @@ def add_deployment_options(parser: argparse.ArgumentParser, cluster_default: str
     g.add_argument("--cluster-preset", choices=sorted(CLUSTER_PRESETS), metavar="PRESET",
                    help="links, latencies, GPU FLOP rate and HBM of a GPU system: "
                         f"{', '.join(sorted(CLUSTER_PRESETS))}")
-    g.add_argument("--hidden-size", type=int_in(1, 1 << 20), default=d["hidden_size"].default,
-                   help="elements per token vector (default: the trace's)")
+    g.add_argument("--hidden-size", type=int_in(1, 1 << 20),
+                   default=d["hidden_size"].default if hidden_default is None else hidden_default,
+                   help="elements per token vector (default: "
+                        + ("the trace's)" if hidden_default is None else f"{hidden_default})"))
     g.add_argument("--dispatch-bytes", type=float_in(0, 64, lo_open=True), default=d["dispatch_bytes"].default,
                    help="bytes per element sent by dispatch (default: %(default)s = fp8)")
     g.add_argument("--combine-bytes", type=float_in(0, 64, lo_open=True), default=d["combine_bytes"].default,

@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from moeplace.cli import input_file, output_file
+from moeplace.cli.options import add_deployment_options
+
+# deployment-group flags with no meaning for a measured run, and why (a non-default value is refused, exit 2)
+RUN_EP_INAPPLICABLE = {
+    "mode": "the run measures its own all-to-all and predicts with the nccl kernel model (deepep-normal with "
+            "--two-hop)",
+    "overlap": "the runtime layer runs dispatch, expert compute and combine one after another",
+    "dispatch_bytes": "the run sends --dtype elements both ways; set --dtype",
+    "combine_bytes": "the run sends --dtype elements both ways; set --dtype",
+}
 
 FAIL_RANK_ENV = "MOEPLACE_RUN_FAIL_RANK"  # test hook: that rank exits right after joining the group
 
@@ -58,14 +68,37 @@ def _fail_rank_from_env() -> int | None:
         raise ValueError(f"{FAIL_RANK_ENV}={v!r}: expected a rank number") from None
 
 
+def refuse_inapplicable(args: argparse.Namespace) -> None:
+    """CliError (exit 2, one line) for a deployment-group flag run-ep has no use for, given a non-default value;
+    also for --batch-tokens together with --decode-batch or --prefill-tokens."""
+    from moeplace.cli import CliError
+    from moeplace.deploy import Deployment
+
+    if not args.cluster:
+        raise CliError("--cluster is required: NODESxGPUS of the plan (e.g. 2x2), a preset name, or NODES with "
+                       "--cluster-preset")
+    d = Deployment.__dataclass_fields__
+    for k, why in RUN_EP_INAPPLICABLE.items():
+        if getattr(args, k) != d[k].default:
+            raise CliError(f"--{k.replace('_', '-')} does not apply to run-ep: {why}")
+    if args.batch_tokens is not None:
+        for k in ("decode_batch", "prefill_tokens"):
+            if getattr(args, k) != d[k].default:
+                raise CliError(f"--batch-tokens sets both --decode-batch and --prefill-tokens; give it or "
+                               f"--{k.replace('_', '-')}, not both")
+
+
 def cmd_run_ep(args: argparse.Namespace) -> int:
     from moeplace.run.launch import RankFailed
     from moeplace.run.netns import ClusterBusy, NetnsError
     from moeplace.run.report import ReportWriteError, RunEpOptions, run_ep, summary_line
 
+    refuse_inapplicable(args)
     opts = RunEpOptions(
-        trace=Path(args.trace), plan=Path(args.plan), cluster=args.cluster, hidden=args.hidden, ffn=args.ffn,
-        dtype=args.dtype, batch_tokens=args.batch_tokens, phase=args.phase, microbatches=args.microbatches,
+        trace=Path(args.trace), plan=Path(args.plan), cluster=args.cluster, cluster_preset=args.cluster_preset,
+        hidden=args.hidden_size, ffn=args.ffn, dtype=args.dtype, decode_batch=args.decode_batch,
+        prefill_tokens=args.prefill_tokens, batch_tokens=args.batch_tokens, phase=args.phase,
+        microbatches=args.microbatches,
         skip=args.skip, repeats=args.repeats, two_hop=args.two_hop, rule=args.rule, timeout=args.timeout,
         emulate=args.emulate, inter_gbit=args.inter_gbit, inter_delay_ms=args.inter_delay_ms, netns=args.netns,
         json_out=None if args.json is None else Path(args.json), fail_rank=_fail_rank_from_env(),
@@ -88,8 +121,9 @@ def cmd_run_ep(args: argparse.Namespace) -> int:
         print(f"moeplace run-ep: {note}", file=sys.stderr)
     if args.json:
         print(summary_line(report, args.json))
-    else:
+    else:  # stdout stays the JSON; the text goes beside it
         print(json.dumps(report, indent=1))
+        print(summary_line(report), file=sys.stderr)
     return 0
 
 
@@ -137,7 +171,6 @@ def cmd_cluster_down(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from moeplace.run.netns import MAX_GPUS_PER_NODE, MAX_NODES
     from moeplace.run.options import DTYPE_BYTES, LIMITS, RunEpOptions
-    from moeplace.simulate.config import RULES
 
     def lim(name: str, kind: type = int) -> Callable[[str], float]:
         return _bounded(kind, *LIMITS[name])
@@ -157,7 +190,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ))
     p.add_argument("trace", help="per-token trace directory")
     p.add_argument("--plan", required=True, type=input_file, help="plan JSON (moeplace plan)")
-    p.add_argument("--cluster", required=True, help="NODESxGPUS, must match the plan's cluster, e.g. 2x2")
+    add_deployment_options(p, hidden_default=d.hidden)  # --cluster, --hidden-size, --rule, batch sizes, ...
     where = p.add_mutually_exclusive_group()
     where.add_argument("--emulate", action="store_true",
                        help="run each node's ranks in its own network namespace (needs root and iproute2; falls "
@@ -168,15 +201,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --emulate: inter-node link rate per node in Gbit/s (default: unshaped)")
     p.add_argument("--inter-delay-ms", type=lim("inter_delay_ms", float), default=None,
                    help="with --emulate: one-way inter-node delay in ms (needs the netem qdisc)")
-    p.add_argument("--hidden", type=lim("hidden"), default=d.hidden,
-                   help=f"hidden size H, at most {LIMITS['hidden'][1]:g} (default {d.hidden})")
     p.add_argument("--ffn", type=lim("ffn"), default=d.ffn,
                    help=f"expert intermediate size, at most {LIMITS['ffn'][1]:g} (default: = hidden)")
     p.add_argument("--dtype", default=d.dtype, choices=tuple(DTYPE_BYTES),
                    help=f"element type of hidden vectors (default {d.dtype})")
-    p.add_argument("--batch-tokens", type=lim("batch_tokens"), default=d.batch_tokens,
-                   help="micro-batch size as the simulator forms it: requests per decode window and prefill token "
-                        f"budget (default {d.batch_tokens})")
+    p.add_argument("--batch-tokens", type=lim("batch_tokens"), default=None,
+                   help="shorthand for --decode-batch N --prefill-tokens N (small micro-batches for a quick run)")
     p.add_argument("--phase", default=d.phase, choices=("prefill", "decode"), help="which micro-batches")
     p.add_argument("--microbatches", type=lim("microbatches"), default=d.microbatches,
                    help=f"micro-batches to replay (default {d.microbatches})")
@@ -184,7 +214,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"micro-batches of the phase to skip first (default {d.skip})")
     p.add_argument("--repeats", type=lim("repeats"), default=d.repeats, help=f"timed repeats (default {d.repeats})")
     p.add_argument("--two-hop", action="store_true", help="per-node dedup, forwarding inside the node")
-    p.add_argument("--rule", default=d.rule, choices=RULES, help=f"replica rule (default {d.rule})")
     p.add_argument("--emulate-compute", action="store_true",
                    help="each rank waits the time model's expert compute for its own pairs instead of computing "
                         "(roofline of the plan cluster's FLOP rate and HBM bandwidth); all-to-all stays real")

@@ -41,21 +41,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     j = res.to_json()
     if args.json:
         res.save_json(args.json)
+    from moeplace.simulate.config import AUTO_MODE, describe_mode
+
     tag = " [SYNTHETIC workload]" if j["synthetic"] else ""
     print(f"simulated {args.trace}{tag} on {res.cluster.spec()} ({j['plan_strategy']}, rule {res.rule})")
+    print(f"  kernel: {describe_mode(res.cost.mode)}"
+          + (", two-batch overlap of dispatch, expert compute and combine" if res.cost.overlap else "")
+          + "; layer times are per layer per micro-batch (mean), in µs")
+    us = j["layer_time_us_per_microbatch"]
     for ph in ("prefill", "decode"):
         p = j[ph]
         if not p["num_tokens"]:
             print(f"  {ph:8s} tokens {0:>10,}  (none in this trace: no {ph} metrics)")
             continue
+        L = len(p["balancedness"]["per_layer"])
+        link_us = p["layer_time_s"]["total"] / (p["num_microbatches"] * L) * 1e6 if L else 0.0
         print(f"  {ph:8s} tokens {p['num_tokens']:>10,}  micro-batches {p['num_microbatches']:>7,}  "
               f"inter-node {p['inter_node_bytes']['total'] / 1e9:10.4f} GB  "
               f"(two-hop {p['two_hop_inter_node_bytes']['total'] / 1e9:.4f})  "
               f"intra-node {p['intra_node_bytes']['total'] / 1e9:9.4f} GB  "
-              f"LAR {p['local_activation_rate']['total']:.3f}  balancedness {p['balancedness']['total']:.3f}  "
-              f"MoE time/mb {p['layer_time_s']['median_microbatch'] * 1e3:.3f} ms  "
-              f"({res.cost.mode}{' +overlap' if res.cost.overlap else ''}: "
-              f"{p['kernel_time']['layer_time_s']['median_microbatch'] * 1e3:.3f} ms)")
+              f"local activation rate {p['local_activation_rate']['total']:.3f}  "
+              f"balancedness {p['balancedness']['total']:.3f}  "
+              f"layer time {us[ph]:,.1f} µs ({AUTO_MODE.get(ph) if res.cost.mode == 'auto' else res.cost.mode} "
+              f"kernel model; alpha-beta link model {link_us:,.1f} µs)")
     if args.json:
         print(f"wrote {args.json}")
     elif args.print_json:

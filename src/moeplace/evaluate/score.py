@@ -8,15 +8,7 @@ from __future__ import annotations
 from moeplace.evaluate.windows import Windows, held_out_homes, scoring_trace
 from moeplace.placement import Plan
 from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, SimResult, simulate
-
-
-def per_microbatch_layer_time(phase_json: dict | None) -> float | None:
-    """Seconds of one MoE layer per micro-batch (mean over micro-batches and layers; the kernel time model's layer
-    time) from a PhaseResult JSON; None when the phase has no micro-batches."""
-    if not phase_json or not phase_json["num_microbatches"]:
-        return None
-    L = len(phase_json["balancedness"]["per_layer"])
-    return phase_json["kernel_time"]["layer_time_s"]["total"] / (phase_json["num_microbatches"] * L)
+from moeplace.simulate.result import layer_time_per_microbatch_s, layer_time_us_per_microbatch
 
 
 def sim_metrics(res_json: dict, base_bytes: float | None, prefill_json: dict | None = None) -> dict:
@@ -25,8 +17,10 @@ def sim_metrics(res_json: dict, base_bytes: float | None, prefill_json: dict | N
     L = len(res_json["balancedness"]["per_layer"])
     B = max(res_json["num_microbatches"], 1)
     return {
-        "decode_layer_time_s": per_microbatch_layer_time(res_json),
-        "prefill_layer_time_s": per_microbatch_layer_time(prefill_json),
+        "decode_layer_time_s": layer_time_per_microbatch_s(res_json),
+        "prefill_layer_time_s": layer_time_per_microbatch_s(prefill_json),
+        # the same two times in µs under the key simulate and run-ep use (docs/SIMULATOR.md, "Units")
+        "layer_time_us_per_microbatch": layer_time_us_per_microbatch({"prefill": prefill_json, "decode": res_json}),
         "inter_node_bytes": inter,
         "inter_node_bytes_vs_linear": (inter / base_bytes) if base_bytes else float("nan"),
         "median_microbatch_inter_node_bytes": res_json["inter_node_bytes"]["median_microbatch"],

@@ -49,6 +49,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "hidden": (1, 65536),  # H: the largest published models use 7168-16384
     "ffn": (1, 65536),  # F
     "batch_tokens": (1, 1 << 20),
+    "decode_batch": (1, 1 << 20),
+    "prefill_tokens": (1, 1 << 30),
     "microbatches": (1, 100_000),
     "skip": (0, 10_000_000),
     "repeats": (1, 1000),
@@ -68,11 +70,14 @@ class RunEpOptions:
 
     trace: Path  # per-token trace directory
     plan: Path  # plan JSON
-    cluster: str  # "NxG", must equal the plan's cluster
+    cluster: str  # --cluster (NxG, a preset name, or N with cluster_preset); its shape must be the plan's
     hidden: int = _DEFAULTS.hidden  # H of the emulated layer
     ffn: int | None = _DEFAULTS.ffn  # F (None: = hidden)
     dtype: str = _DEFAULTS.dtype  # element type of hidden vectors
-    batch_tokens: int = 256  # the simulator's micro-batch size: decode requests per window, prefill token budget
+    decode_batch: int = 256  # requests per decode window, as the simulator forms them
+    prefill_tokens: int = 8192  # prefill micro-batch token budget, as the simulator forms them
+    batch_tokens: int | None = None  # shorthand: both decode_batch and prefill_tokens (None: those two)
+    cluster_preset: str | None = None  # links and GPU speed of the prediction (None: the plan cluster's)
     phase: str = "decode"  # which micro-batches
     microbatches: int = 8  # how many whole micro-batches to replay
     skip: int = 0  # micro-batches of the phase skipped first
@@ -89,6 +94,13 @@ class RunEpOptions:
     emulate_compute: bool = False  # wait the time model's expert compute of each rank instead of computing
     compute_flops: float | None = None  # with emulate_compute: FLOP/s per rank (None: the plan cluster's)
     compute_hbm_gbps: float | None = None  # with emulate_compute: weight-memory GB/s (None: the plan cluster's)
+
+    @property
+    def batch_sizes(self) -> tuple[int, int]:
+        """(decode requests per window, prefill token budget) of the replayed micro-batches."""
+        if self.batch_tokens is not None:
+            return self.batch_tokens, self.batch_tokens
+        return self.decode_batch, self.prefill_tokens
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in LIMITS.items():

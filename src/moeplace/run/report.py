@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moeplace.deploy import CLUSTER_PRESETS, parse_cluster
 from moeplace.io import atomic_write_json
 from moeplace.placement import Cluster, Plan
 from moeplace.run.netns import EmulatedCluster, cluster_lock, emulated_cluster, load_cluster
@@ -31,10 +32,11 @@ from moeplace.run.replay import (
     compute_seconds,
     predict,
     replay,
+    replay_cost,
     select_window,
     summarize,
 )
-from moeplace.simulate import BatchConfig
+from moeplace.simulate import PHASE_NAMES, BatchConfig
 from moeplace.trace.reader import read_trace
 from moeplace.trace.types import Trace
 
@@ -63,6 +65,8 @@ class PreparedRun:
     compute_cluster: Cluster  # the plan's cluster with the emulated device's rates (time model of the prediction)
     rows: tuple[Any, ...] = ()  # rows[m]: int [T_m] window token indices of micro-batch m
     foe: bool = False  # an FoE model's trace and plan (moeplace.run.foe_replay)
+    trace_tokens: int = 0  # tokens in the whole trace (the replayed ones are a window of them)
+    phase_tokens: int = 0  # tokens of the replayed phase in the whole trace
 
 
 def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
@@ -111,10 +115,13 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
     if opts.json_out is not None:
         check_output_path(opts.json_out, "--json")
     plan = Plan.load(opts.plan)
-    cluster = Cluster.parse(opts.cluster)
+    cluster = parse_cluster(opts.cluster, opts.cluster_preset)  # the one --cluster parser (moeplace.deploy)
     if cluster.spec() != plan.cluster.spec():
-        raise ValueError(f"--cluster {cluster.spec()} does not match the plan's cluster {plan.cluster.spec()} "
-                         f"({opts.plan})")
+        raise ValueError(f"--cluster {opts.cluster} is {cluster.spec()}, which does not match the plan's cluster "
+                         f"{plan.cluster.spec()} ({opts.plan})")
+    # the prediction's links and GPU speed: a named preset's, else the plan's (what it was planned for)
+    named = opts.cluster_preset is not None or str(opts.cluster).strip().lower() in CLUSTER_PRESETS
+    hardware = cluster if named else plan.cluster
     W = plan.cluster.world_size
     if opts.fail_rank is not None and not 0 <= opts.fail_rank < W:
         raise ValueError(f"fail_rank {opts.fail_rank}: expected a rank in [0, {W})")
@@ -135,7 +142,8 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
                          "group's node, so it does not apply to FoE traces")
     cfg = ReplayConfig(hidden=opts.hidden, ffn=opts.ffn, dtype=opts.dtype, two_hop=opts.two_hop,
                        repeats=opts.repeats, timeout=opts.timeout, emulate_compute=opts.emulate_compute)
-    batching = BatchConfig(decode_batch=opts.batch_tokens, prefill_tokens=opts.batch_tokens)
+    decode_batch, prefill_tokens = opts.batch_sizes
+    batching = BatchConfig(decode_batch=decode_batch, prefill_tokens=prefill_tokens)
     sub, rows = select_window(trace, plan, batching, opts.phase, opts.microbatches, opts.skip)
     if foe_t > 1:
         from moeplace.run.foe_replay import foe_batches
@@ -152,13 +160,14 @@ def prepare_run(opts: RunEpOptions, memory_budget: int | None = None) -> Prepare
     if memory_budget is not None and need > memory_budget:
         raise ValueError(f"{W} ranks would need about {need / 2**30:.1f} GiB (E={pl.num_experts} experts "
                          f"of H={cfg.hidden} x F={cfg.ffn or cfg.hidden}, {sum(sizes)} tokens), more than the "
-                         f"{memory_budget / 2**30:.1f} GiB available; lower --hidden, --ffn, --microbatches or "
-                         f"--batch-tokens")
+                         f"{memory_budget / 2**30:.1f} GiB available; lower --hidden-size, --ffn, --microbatches, "
+                         f"--decode-batch or --prefill-tokens")
     rates = {k: v for k, v in (("expert_flops", opts.compute_flops),
                                ("hbm_bw", None if opts.compute_hbm_gbps is None else opts.compute_hbm_gbps * 1e9))
              if v is not None}
-    return PreparedRun(plan, sub, batches, cfg, batching, dataclasses.replace(plan.cluster, **rates), tuple(rows),
-                       foe_t > 1)
+    ph = PHASE_NAMES.index(opts.phase)
+    return PreparedRun(plan, sub, batches, cfg, batching, dataclasses.replace(hardware, **rates), tuple(rows),
+                       foe_t > 1, int(len(trace.tokens.request_id)), int((trace.tokens.phase == ph).sum()))
 
 
 def _replay(prep: PreparedRun, **kw):
@@ -212,13 +221,25 @@ def build_report(opts: RunEpOptions, prep: PreparedRun, result: ReplayResult, em
     # the kernel time model (nccl, or deepep-normal two-hop): its expert_time is what emulated compute waits
     predicted["kernel_time"] = {k: sim["kernel_time"][k] for k in ("layer_time_s", "dispatch_time_s",
                                                                    "combine_time_s", "expert_time_s")}
+    predicted["kernel"] = replay_cost(cfg).mode
+    predicted["layer_time_us_per_microbatch"] = {
+        opts.phase: _per_layer_microbatch_us(predicted["kernel_time"]["layer_time_s"]["total"], prep)}
     return {
         **_report_head(opts, prep, emu, backend),
         **measured,
+        "layer_time_us_per_microbatch": {opts.phase: _per_layer_microbatch_us(measured["layer_time_s"]["total"],
+                                                                              prep)},
         "predicted": predicted,
         "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"]
                                      for k in ("inter_node_bytes", "intra_node_bytes")),
     }
+
+
+def _per_layer_microbatch_us(total_s: float, prep: PreparedRun) -> float | None:
+    """Microseconds of one layer on one micro-batch: ``total_s`` (summed over M micro-batches and L layers) / (M L);
+    the unit every command prints (docs/RUNTIME.md, "Units")."""
+    M, L = len(prep.batches), prep.plan.placement.num_layers
+    return total_s / (M * L) * 1e6 if M and L else None
 
 
 def _report_head(opts: RunEpOptions, prep: PreparedRun, emu: EmulatedCluster | None, backend: str) -> dict:
@@ -232,13 +253,16 @@ def _report_head(opts: RunEpOptions, prep: PreparedRun, emu: EmulatedCluster | N
         "backend": backend,
         "config": {"hidden": cfg.hidden, "ffn": cfg.ffn or cfg.hidden, "dtype": cfg.dtype,
                    "bytes_per_element": cfg.bytes_per_element, "two_hop": cfg.two_hop, "repeats": cfg.repeats,
-                   "rule": opts.rule, "batch_tokens": opts.batch_tokens,
+                   "rule": opts.rule, "batch_tokens": prep.batching.decode_batch if opts.phase == "decode"
+                   else prep.batching.prefill_tokens, "decode_batch": prep.batching.decode_batch,
+                   "prefill_tokens": prep.batching.prefill_tokens,
                    "emulate_compute": cfg.emulate_compute,
                    "compute_device": {"expert_flops": prep.compute_cluster.expert_flops,
                                       "hbm_bw": prep.compute_cluster.hbm_bw,
                                       "compute_overhead": prep.compute_cluster.compute_overhead}},
         "window": {"phase": opts.phase, "skip": opts.skip, "num_microbatches": len(prep.batches),
-                   "num_tokens": int(sum(len(b) for b in prep.batches))},
+                   "num_tokens": int(sum(len(b) for b in prep.batches)), "trace_tokens": prep.trace_tokens,
+                   "trace_phase_tokens": prep.phase_tokens},
     }
 
 
@@ -250,7 +274,6 @@ def _build_foe_report(opts: RunEpOptions, prep: PreparedRun, result: Any, emu: E
     """The run-ep JSON of an FoE run: measured all-to-all and all-reduce bytes and times, the simulator's FoE replay
     of the same micro-batches (``predicted``) and the closed forms of docs/MODEL.md."""
     from moeplace.run.foe_replay import summarize_foe
-    from moeplace.run.replay import replay_cost
     from moeplace.simulate.foe import replay_foe
 
     measured = summarize_foe(result)
@@ -259,33 +282,68 @@ def _build_foe_report(opts: RunEpOptions, prep: PreparedRun, result: Any, emu: E
     return {
         **_report_head(opts, prep, emu, backend),
         **measured,
-        "predicted": predicted,
+        "layer_time_us_per_microbatch": {opts.phase: _per_layer_microbatch_us(measured["layer_time_s"]["total"],
+                                                                              prep)},
+        "predicted": predicted,  # bytes only: the simulator has no time model of the FoE all-reduce
         "bytes_match_simulator": all(measured[k]["total"] == predicted[k]["total"] for k in FOE_BYTE_KEYS),
         "allreduce_matches_closed_form": ar_total == predicted["closed_form"]["allreduce_bytes"],
     }
 
 
+def _why_slower(report: dict[str, Any], ratio: float) -> str:
+    """In words, why the measured layer time differs from the prediction (``ratio`` = measured / predicted)."""
+    emu = report["emulation"] or {}
+    if report["backend"] == "gloo":
+        where = {"netns": "network namespaces" + (f" shaped to {emu['inter_gbit']:g} Gbit/s"
+                                                  if emu.get("inter_gbit") else ""),
+                 }.get(emu.get("mode"), "loopback")
+        transport = f"gloo over {where} on CPU processes"
+    else:
+        transport = "NCCL on this host's GPUs"
+    compute = ("emulated expert compute (waits of the time model)" if report["config"].get("emulate_compute")
+               else "expert compute " + ("on CPU" if report["backend"] == "gloo" else "run for real"))
+    if 0.5 <= ratio <= 2:
+        return (f"measured / predicted = {ratio:.2f}x: the run is close to the time model ({transport}, "
+                f"{compute})")
+    return (f"measured / predicted = {ratio:,.0f}x: {transport} and {compute}, not the NVLink/InfiniBand links "
+            f"the prediction prices; compare ratios between plans, not absolute times")
+
+
 def summary_line(report: dict[str, Any], out: str | os.PathLike | None = None) -> str:
-    """One line for a person: what ran, the bytes (and whether the simulator agrees), the layer time."""
+    """The text for a person (several lines): what ran, how many tokens of the trace it replayed, the bytes (and
+    whether the simulator agrees), the layer time per layer per micro-batch in µs, measured next to predicted,
+    and why they differ."""
     inter, intra = report["inter_node_bytes"]["total"], report["intra_node_bytes"]["total"]
-    w = report["window"]
+    w, c = report["window"], report["config"]
+    ph = w["phase"]
+    size = f"{c['batch_tokens']:,} {'requests' if ph == 'decode' else 'tokens'}"
+    replayed = (f"replayed {w['num_tokens']:,} of {w.get('trace_tokens', w['num_tokens']):,} tokens in the trace "
+                f"({w['num_microbatches']} {ph} micro-batches of up to {size} after skipping {w['skip']}; "
+                f"--microbatches, --skip)")
+    same = "same" if report["bytes_match_simulator"] else "DIFFERENT"
+    measured = (report.get("layer_time_us_per_microbatch") or {}).get(ph)
+    predicted = (report["predicted"].get("layer_time_us_per_microbatch") or {}).get(ph)
     if "foe" in report:
         f = report["foe"]
-        line = (f"run-ep FoE (H={f['groups']}) on {report['cluster']}: {w['num_tokens']} tokens in "
-                f"{w['num_microbatches']} micro-batches; all-to-all inter-node {inter:,} B, intra-node {intra:,} B; "
-                f"all-reduce inter-node {report['allreduce_inter_node_bytes']['total']:,} B, intra-node "
-                f"{report['allreduce_intra_node_bytes']['total']:,} B (simulator: "
-                f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "
-                f"{report['layer_time_s']['total'] * 1e3:.1f} ms (all-reduce "
-                f"{report['allreduce_time_s']['total'] * 1e3:.1f} ms)"
-                + (" (expert compute emulated)" if report["config"].get("emulate_compute") else ""))
-        return line + (f" -> {out}" if out is not None else "")
-    line = (f"run-ep {report['strategy']} on {report['cluster']} ({report['dedup']}): {w['num_tokens']} tokens in "
-            f"{w['num_microbatches']} micro-batches; inter-node {inter:,} B, intra-node {intra:,} B (simulator: "
-            f"{'same' if report['bytes_match_simulator'] else 'DIFFERENT'}); layer time "
-            f"{report['layer_time_s']['total'] * 1e3:.1f} ms"
-            + (" (expert compute emulated)" if report["config"].get("emulate_compute") else ""))
-    return line + (f" -> {out}" if out is not None else "")
+        lines = [f"run-ep FoE (H={f['groups']}) on {report['cluster']}: {replayed}",
+                 f"  all-to-all inter-node {inter:,} B, intra-node {intra:,} B; all-reduce inter-node "
+                 f"{report['allreduce_inter_node_bytes']['total']:,} B, intra-node "
+                 f"{report['allreduce_intra_node_bytes']['total']:,} B (simulator: {same})"]
+    else:
+        lines = [f"run-ep {report['strategy']} on {report['cluster']} ({report['dedup']}): {replayed}",
+                 f"  inter-node {inter:,} B, intra-node {intra:,} B (simulator: {same})"]
+    if measured is not None:
+        if predicted is None:
+            lines.append(f"  layer time per layer per micro-batch: measured {measured:,.1f} µs (the simulator "
+                         f"predicts FoE bytes, not time)")
+        else:
+            lines.append(f"  layer time per layer per micro-batch: measured {measured:,.1f} µs, predicted "
+                         f"{predicted:,.1f} µs ({report['predicted']['kernel']} kernel model)")
+            if predicted > 0:
+                lines.append("  " + _why_slower(report, measured / predicted))
+    if out is not None:
+        lines.append(f"wrote {out}")
+    return "\n".join(lines)
 
 
 def run_ep(opts: RunEpOptions, memory_budget: int | None = None) -> dict[str, Any]:

@@ -21,6 +21,25 @@ from moeplace.simulate.kernels import KERNELS
 from moeplace.simulate.routing import DEDUP_MODES
 
 
+def layer_time_per_microbatch_s(phase_json: dict | None) -> float | None:
+    """Seconds of one MoE layer on one micro-batch (the kernel time model's layer time, mean over micro-batches and
+    layers) from a PhaseResult JSON; None when the phase has no micro-batches. Every command prints this quantity
+    in µs and stores it as ``layer_time_us_per_microbatch`` (docs/SIMULATOR.md, "Units")."""
+    if not phase_json or not phase_json["num_microbatches"]:
+        return None
+    L = len(phase_json["balancedness"]["per_layer"])
+    return phase_json["kernel_time"]["layer_time_s"]["total"] / (phase_json["num_microbatches"] * L) if L else None
+
+
+def layer_time_us_per_microbatch(phases: dict[str, dict | None]) -> dict[str, float | None]:
+    """``{phase: µs}`` of :func:`layer_time_per_microbatch_s` for each PhaseResult JSON of ``phases``."""
+    out = {}
+    for ph, j in phases.items():
+        s = layer_time_per_microbatch_s(j)
+        out[ph] = None if s is None else s * 1e6
+    return out
+
+
 def _stat_additive(x: np.ndarray) -> dict:
     """x: [B, L] per micro-batch and layer."""
     if x.shape[0] == 0:
@@ -171,11 +190,13 @@ class SimResult:
 
     def to_json(self) -> dict:
         allp = self.all.to_json()
+        pre, dec = self.prefill.to_json(), self.decode.to_json()
         head = {"model": self.model, "synthetic": self.synthetic, "trace_source": self.trace_source,
                 "cluster": self.cluster.to_json(), "num_gpus": self.cluster.world_size, "rule": self.rule,
                 "plan_strategy": self.plan_strategy, "cost": asdict(self.cost), "batching": asdict(self.batching),
-                "hidden_size": self.hidden_size, "pair_seconds": self.pair_seconds}
-        return {**head, **allp, "prefill": self.prefill.to_json(), "decode": self.decode.to_json()}
+                "hidden_size": self.hidden_size, "pair_seconds": self.pair_seconds,
+                "layer_time_us_per_microbatch": layer_time_us_per_microbatch({"prefill": pre, "decode": dec})}
+        return {**head, **allp, "prefill": pre, "decode": dec}
 
     def save_json(self, path: str | os.PathLike) -> Path:
         return atomic_write_json(self.to_json(), path)
