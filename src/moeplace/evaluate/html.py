@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.deploy import parse_cluster
 from moeplace.evaluate.compare import TABLE_COLUMNS, format_cell
 from moeplace.htmlstyle import BASE_CSS
 from moeplace.io import atomic_write_text
@@ -409,7 +410,8 @@ def render_compare_html(result: dict) -> str:
             raise ValueError(f"compare result lacks the key {key!r}; expected the output of moeplace compare")
     if not result["strategies"]:
         raise ValueError("compare result has no strategies")
-    cluster = Cluster.parse(result["cluster"])
+    hw = result.get("cluster_hardware")  # the compared cluster with its links (older answers: the shape only)
+    cluster = Cluster.from_json(hw) if hw else parse_cluster(result["cluster"])
     synthetic = bool(result.get("synthetic"))
     styles = {n: _style(i) for i, n in enumerate(result["strategies"])}
     title = f"Placement strategies compared: {result['trace']} on {result['cluster']}"

@@ -57,7 +57,7 @@ PAIR_COUNT_NAMES = ("intra_node_sends", "inter_node_sends", "busiest_intra", "bu
 
 def default_intermediate(model: str) -> int | None:
     """Expert FFN width of a known model preset (for the default pair FLOPs), else None."""
-    from moeplace.presets import find_model
+    from moeplace.deploy import find_model
 
     p = find_model(model)
     return None if p is None else p.moe_intermediate_size
@@ -89,7 +89,7 @@ class TimeTerms:
 
 def time_terms(cost: CostConfig, hidden: int, model: str) -> TimeTerms:
     """The kernel time model's constants for a trace of ``model`` with ``hidden`` elements per vector."""
-    from moeplace.presets import find_model
+    from moeplace.deploy import find_model
 
     p = find_model(model)
     wb = cost.weight_bytes or (p.expert_weight_bytes if p is not None else 2.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeplace.placement import Cluster, Placement, Plan
+from moeplace.placement import Placement, Plan
 from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig, time_terms
 from moeplace.simulate.kernels import KERNELS
@@ -59,7 +59,7 @@ def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: s
     :func:`benchmark_bytes`), and ``dispatch_gbps`` / ``combine_gbps`` (those bytes / time: the published
     "bandwidth" columns), ``nodes``.
     """
-    from moeplace.presets import get_cluster_preset, get_model
+    from moeplace.deploy import get_cluster_preset, get_model
 
     if mode not in KERNELS:
         raise ValueError(f"predict-kernel: mode {mode!r}: expected one of {tuple(KERNELS)}")
@@ -73,9 +73,7 @@ def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: s
             raise ValueError(f"predict-kernel: EP size {ep}: expected a divisor of {E} experts that fills whole "
                              f"nodes of {G} GPUs (or one node of at most {G})")
         nodes = max(1, ep // G)
-        cluster = cp.cluster(nodes) if ep >= G else Cluster(1, ep, cp.intra_bw, cp.inter_bw, cp.intra_latency,
-                                                            cp.inter_latency, cp.expert_flops, cp.hbm_bw,
-                                                            cp.compute_overhead)
+        cluster = cp.cluster(nodes) if ep >= G else cp.hardware.cluster(1, ep)
         groups = (min(nodes, 4) if mode == "deepep-normal" else None) if node_groups == -1 else node_groups
         rng = np.random.default_rng([seed, ep])
         T = ep * tokens_per_rank
