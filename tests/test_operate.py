@@ -16,6 +16,7 @@ import pytest
 from conftest import make_tokens
 from prometheus_client.parser import text_string_to_metric_families
 
+from moeplace.deploy import parse_cluster
 from moeplace.operate import OperateConfig, Phase, drift_trace, operate, trace_stream
 from moeplace.operate.counters import count_window
 from moeplace.operate.metrics import MetricsServer, OperateMetrics
@@ -24,7 +25,6 @@ from moeplace.operate.policies import replicate_first
 from moeplace.operate.streams import memory_windows
 from moeplace.placement import Cluster, Plan
 from moeplace.plan.eplb import replicate_experts
-from moeplace.deploy import parse_cluster
 from moeplace.simulate import BatchConfig, CostConfig, simulate
 from moeplace.trace import TraceMeta, TraceWriter, read_trace
 

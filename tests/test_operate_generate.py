@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from moeplace.cli import main
-from moeplace.operate import OperateConfig, operate, trace_stream
 from moeplace.deploy import parse_cluster
+from moeplace.operate import OperateConfig, operate, trace_stream
 from moeplace.simulate import BatchConfig
 from moeplace.trace import read_trace
 

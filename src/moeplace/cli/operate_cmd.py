@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from moeplace.cli import (MAX_REDUNDANT, CliError, device_spec, float_in, int_in, output_dir, output_file,
-                          param_type)
-
+from moeplace.cli import MAX_REDUNDANT, CliError, device_spec, float_in, int_in, output_dir, output_file, param_type
+from moeplace.cli.options import add_deployment_options, batch_config, deployment_from_args, refuse_unpriced
 
 POLICY_DEST = "policy_param_"  # argparse dest prefix of the flags generated from the policies' parameters
 
@@ -54,13 +53,13 @@ def format_policies() -> str:
 def cmd_operate(args: argparse.Namespace) -> int:
     from moeplace.operate import OperateConfig
     from moeplace.operate.service import open_stream, run
-    from moeplace.deploy import parse_cluster
-    from moeplace.simulate import BatchConfig
 
     params = policy_flags(args)  # before any work: a flag the policy does not take is exit 2
-    cfg = OperateConfig(parse_cluster(args.cluster, args.cluster_preset), args.redundant, args.window_requests,
-                        args.sample_every, args.capacity_factor, args.model_preset, args.weight_bytes,
-                        BatchConfig(args.decode_batch, args.prefill_tokens), args.rule, args.dedup,
+    refuse_unpriced(args, ("--cluster", "--cluster-preset", "--rule", "--decode-batch", "--prefill-tokens"),
+                    "operate (sizes come from --model-preset)")
+    dep = deployment_from_args(args)
+    cfg = OperateConfig(dep.cluster, args.redundant, args.window_requests, args.sample_every, args.capacity_factor,
+                        args.model_preset, args.weight_bytes, batch_config(dep), dep.rule, args.dedup,
                         args.step_seconds)
     if args.source == "live":
         if args.stream is not None or args.model is None or args.prompts is None:
@@ -75,8 +74,8 @@ def cmd_operate(args: argparse.Namespace) -> int:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
         schedule = None
         if args.schedule is not None:
-            from moeplace.schema import read_json_file
             from moeplace.operate.workloads import MixSchedule
+            from moeplace.schema import read_json_file
 
             schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), str(args.schedule))
         stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
@@ -96,9 +95,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from moeplace.operate.policies import POLICIES, policy_params
     from moeplace.operate.service import STREAM_ORDERS
-    from moeplace.simulate import RULES, BatchConfig
 
-    b = BatchConfig()
     p = sub.add_parser(
         "operate", help="live loop: counters, Prometheus metrics, dashboard, rebalance policy, migration plans",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -135,8 +132,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "sub-domain labels (the whole source, e.g. code/c)")
     p.add_argument("--drift-requests", type=int_in(1, 1 << 24), default=1000,
                    help="--order drift: requests per phase (one phase per domain)")
-    p.add_argument("--cluster", required=True, help="NODESxGPUS, or nodes with --cluster-preset")
-    p.add_argument("--cluster-preset", help="links and GPU speed (moeplace.deploy), e.g. h200-8")
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0, help="redundant slots per layer")
     p.add_argument("--policy", choices=list(POLICIES), default="moeplace", help="rebalance policy (default "
                    "moeplace; --list-policies shows each one's parameters)")
@@ -148,8 +143,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         g.add_argument(prm.flag, dest=POLICY_DEST + prm.name, type=param_type(prm), default=argparse.SUPPRESS,
                        metavar=prm.type.__name__.upper(), help=f"{users}: {prm.describe()}")
     p.add_argument("--window-requests", type=int_in(1, 1 << 24), default=256, help="requests per window")
-    p.add_argument("--decode-batch", type=int_in(1, 1 << 24), default=b.decode_batch)
-    p.add_argument("--prefill-tokens", type=int_in(1, 1 << 24), default=b.prefill_tokens)
     p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=16, help="1-in-n sampling of the counters")
     p.add_argument("--capacity-factor", type=float_in(0, 1e6, lo_open=True),
                    help="count drops as a token-dropping engine would: pairs above floor(F x pairs / experts) per "
@@ -158,7 +151,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: the trace's model)")
     p.add_argument("--weight-bytes", type=float_in(0, 64, lo_open=True), default=2.0,
                    help="bytes per expert parameter (2 = bf16)")
-    p.add_argument("--rule", choices=RULES, default=RULES[0], help="replica choice rule")
     p.add_argument("--dedup", choices=("per_gpu", "two_hop"), default="per_gpu", help="time model's comm mode")
     p.add_argument("--step-seconds", type=float_in(0, 3600), default=0.0,
                    help="pace the replay: wall-clock seconds per forward pass (0: as fast as possible)")
@@ -168,4 +160,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=output_dir, help="folder for plan.json, migration.json, sglang.json, vllm.json "
                    "and changes/")
     p.add_argument("--json", type=output_file, help="write the summary (benchmark keys + per-window history)")
+    add_deployment_options(p)
     p.set_defaults(func=cmd_operate)

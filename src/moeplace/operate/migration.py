@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from moeplace.placement import Cluster
 from moeplace.deploy import ModelPreset
+from moeplace.placement import Cluster
 
 
 def expert_bytes(preset: ModelPreset, weight_bytes: float = 2.0) -> float:
