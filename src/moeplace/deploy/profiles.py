@@ -94,8 +94,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             "prefill EP32 TP1, 4K prompts, 16K tokens per GPU; decode EP128 TP1, 4K prompts, 128 requests per GPU",
             "DeepSeek open-infra-index, Day 6 'DeepSeek-V3/R1 Inference System Overview' (2025-03-01): prefill "
             "EP32 over 4 nodes with 32 redundant experts (9 routed experts per GPU); decode EP144 over 18 nodes",
-            "DeepSeek-V3 technical report, arXiv 2412.19437 (2024-12-27), section 3.4 (prefill 4 nodes / 32 GPUs; FP8 dispatch, "
-            "BF16 combine)",
+            "DeepSeek-V3 technical report, arXiv 2412.19437 (2024-12-27), section 3.4 (prefill 4 nodes / 32 GPUs; "
+            "FP8 dispatch, BF16 combine)",
         ),
         assumptions=("H800 links as docs/PRESETS.md gives them (NVLink 200 GB/s, 50 GB/s InfiniBand per GPU)",
                      "decode EP128 (the profile-data setting) rather than the EP144 production unit"),
