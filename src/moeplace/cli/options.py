@@ -60,7 +60,11 @@ def deployment_from_args(args: argparse.Namespace):  # -> moeplace.deploy.Deploy
 
     if not args.cluster:
         raise CliError("--cluster is required: NODESxGPUS (e.g. 4x2), a preset name, or NODES with --cluster-preset")
-    return Deployment(parse_cluster(args.cluster, args.cluster_preset), args.cluster_preset, args.hidden_size,
+    try:
+        cluster = parse_cluster(args.cluster, args.cluster_preset)
+    except ValueError as e:  # name the flag: the message is read without the command line beside it
+        raise CliError(f"--cluster {args.cluster}: {e}") from None
+    return Deployment(cluster, args.cluster_preset, args.hidden_size,
                       args.dispatch_bytes, args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
                       args.prefill_tokens)
 

@@ -116,7 +116,7 @@ _ALL = (
               Param("folds", int, 64, "objective bytes: request folds of the robust balance term", lo=1, hi=1 << 16),
               Param("robust", float, 0.3, "objective bytes: weight of the robust balance term", lo=0, hi=1),
               Param("penalty", float, PENALTY, "objective bytes: sends one unit of load above the cap is worth",
-                    lo=0),
+                    lo=0, hi=1e6),
               *_time_params())),
     Strategy("foe", plan_foe, False, False,
              "Federation of Experts: each group's experts on its own GPUs (FoE traces only; docs/FOE.md)"),
