@@ -120,7 +120,9 @@ def remove_stale(dest: Path, tag: str) -> list[Path]:
 
 
 def check_output_path(dest: str | os.PathLike, what: str = "output") -> Path:
-    """Check that ``dest`` can be written as a file: not an existing folder, parent a folder (or creatable)."""
+    """Check that ``dest`` can be written as a file: not an existing folder, its name short enough, the nearest
+    existing folder above it a directory this process may write in (missing folders are created at write time).
+    The one output-path check: the CLI's ``output_file`` type and every writer call it before any work."""
     p = Path(dest)
     if p.name in ("", ".", ".."):
         raise OutputError(f"{p}: not a file name ({what} needs a file path)")
@@ -132,6 +134,8 @@ def check_output_path(dest: str | os.PathLike, what: str = "output") -> Path:
         if anc.exists() or anc.is_symlink():
             if not anc.is_dir():
                 raise OutputError(f"{p}: {anc} is not a directory")
+            if not os.access(anc, os.W_OK | os.X_OK):
+                raise OutputError(f"{p}: no permission to write in {anc} ({what})")
             break
     return p
 

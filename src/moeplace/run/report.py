@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moeplace.deploy import CLUSTER_PRESETS, parse_cluster
-from moeplace.io import atomic_write_json
+from moeplace.io import atomic_write_json, check_output_path
 from moeplace.placement import Cluster, Plan
 from moeplace.run.netns import EmulatedCluster, cluster_lock, emulated_cluster, load_cluster
 from moeplace.run.options import LIMITS, RunEpOptions  # noqa: F401  (re-exported)
@@ -41,7 +41,6 @@ from moeplace.trace.reader import read_trace
 from moeplace.trace.types import Trace
 
 RANK_BASE_BYTES = 400 << 20  # what one rank process holds before any tensor (torch, gloo), measured on CPU
-MAX_OUTPUT_NAME_BYTES = 230  # the atomic writer adds a dot, a random part and ".tmp" to the name (limit 255)
 
 
 class ReportWriteError(OSError):
@@ -67,24 +66,6 @@ class PreparedRun:
     foe: bool = False  # an FoE model's trace and plan (moeplace.run.foe_replay)
     trace_tokens: int = 0  # tokens in the whole trace (the replayed ones are a window of them)
     phase_tokens: int = 0  # tokens of the replayed phase in the whole trace
-
-
-def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
-    """Raise ValueError unless a file can be written at ``path``: not a directory, its name not too long, and the
-    nearest existing folder above it a writable directory (missing folders are created at write time)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{what} {p} is a directory; expected a file path such as {p / 'run.json'}")
-    if not p.name or len(os.fsencode(p.name)) > MAX_OUTPUT_NAME_BYTES:
-        raise ValueError(f"{what} {p}: the file name must be 1-{MAX_OUTPUT_NAME_BYTES} bytes long")
-    parent = p.parent
-    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{what} {p}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {p}: no permission to write in {parent}")
-    return p
 
 
 def rank_memory_bytes(num_experts: int, top_k: int, max_tokens: int, total_tokens: int, cfg: ReplayConfig) -> int:
