@@ -13,6 +13,7 @@ Its defaults are the library's (``simulate.CostConfig`` and ``simulate.BatchConf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moeplace.deploy.hardware import (
     CLUSTER_PRESETS,
@@ -23,7 +24,9 @@ from moeplace.deploy.hardware import (
     parse_cluster,
 )
 from moeplace.deploy.models import MODEL_PRESETS, ModelPreset, find_model, get_model
-from moeplace.placement import Cluster
+
+if TYPE_CHECKING:  # the CLI imports this package to build its options, without numpy
+    from moeplace.placement import Cluster
 
 DEFAULT_MODE = "auto"  # kernel mode: deepep-normal for prefill, deepep-ll for decode
 DEFAULT_RULE = "nearest-least-loaded"  # replica rule (moeplace.simulate.routing.RULES)

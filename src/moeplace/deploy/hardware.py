@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-from moeplace.placement import Cluster
+if TYPE_CHECKING:  # imported where used: the CLI reads the presets without numpy
+    from moeplace.placement import Cluster
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Hardware:
 
     def cluster(self, num_nodes: int, gpus_per_node: int) -> Cluster:
         """A ``num_nodes`` x ``gpus_per_node`` cluster of this hardware."""
+        from moeplace.placement import Cluster
+
         return Cluster(num_nodes, gpus_per_node, **{f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
@@ -97,6 +101,8 @@ def parse_cluster(spec: str, preset: str | None = None) -> Cluster:
 
     ValueError naming the spec and the forms expected otherwise (full-width or other non-ASCII digits included).
     """
+    from moeplace.placement import Cluster
+
     s = str(spec)
     cp = None if preset is None else get_cluster_preset(preset)
     shape, nodes = _SHAPE.fullmatch(s), _NODES.fullmatch(s)
