@@ -93,8 +93,8 @@ def cmd_operate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from moeplace.operate.orders import STREAM_ORDERS
     from moeplace.operate.policies import POLICIES, policy_params
-    from moeplace.operate.service import STREAM_ORDERS
 
     p = sub.add_parser(
         "operate", help="live loop: counters, Prometheus metrics, dashboard, rebalance policy, migration plans",

@@ -9,10 +9,9 @@ from pathlib import Path
 from moeplace.io import atomic_write_json
 from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, operate
 from moeplace.operate.metrics import MetricsServer, OperateMetrics
+from moeplace.operate.orders import STREAM_ORDERS
 from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stream, trace_stream
 from moeplace.operate.workloads import MixSchedule
-
-STREAM_ORDERS = (*ORDERS, "drift", "schedule")
 
 
 def open_stream(path: str | Path, window_requests: int, order: str = "table", seed: int = 0,

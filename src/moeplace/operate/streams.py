@@ -46,7 +46,7 @@ from moeplace.trace.types import Requests, TokenChunk, Trace, TraceError, TraceM
 __all__ = ["ORDERS", "Phase", "Stream", "dataset_of", "default_phases", "drift_stream", "drift_trace",
            "memory_windows", "schedule_stream", "trace_stream"]
 
-ORDERS = ("table", "dataset", "domain")
+from moeplace.operate.orders import ORDERS  # noqa: E402  (light, for the CLI)
 
 
 @dataclass
