@@ -136,9 +136,8 @@ def model_entry(folder: Path) -> dict:
 def card(folder: Path) -> str:
     from transformers import AutoTokenizer
 
+    m = json.loads((folder / "train_metrics.json").read_text())  # first: a folder without it names the file
     me = model_entry(folder)
-
-    m = json.loads((folder / "train_metrics.json").read_text())
     manifest = json.loads((folder / "corpus_manifest.json").read_text())
     prompts = [json.loads(line) for line in (folder / "heldout_prompts.jsonl").read_text().splitlines() if line]
     sub_ce = json.loads((folder / "heldout_ce_subdomains.json").read_text())
