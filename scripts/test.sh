@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=15 "$@"
 .venv/bin/ruff check src tests bench scripts
