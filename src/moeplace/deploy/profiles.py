@@ -82,6 +82,28 @@ class Profile:
 
 
 READ_ON = "read 2026-12-02"
+
+
+def _vllm_gpt_oss(nodes: int) -> Profile:
+    """vLLM wide-EP with a gpt-oss-20b / Qwen3-30B-A3B class model on ``nodes`` x 8 H200 (the same defaults at
+    every size; only the node count differs)."""
+    ep = 8 * nodes
+    return Profile(
+        f"vllm-gpt-oss-ep{ep}", f"vLLM wide-EP, gpt-oss-20b / Qwen3-30B-A3B class on {nodes} x 8 H200 (EP{ep}): "
+        "8,192 tokens per GPU per step, 128 running requests per GPU",
+        model="gpt-oss-20b", hidden_size=2880, moe_intermediate_size=2880, dispatch_bytes=1.0, combine_bytes=2.0,
+        prefill=PhaseProfile(nodes, "h200-8", 8192, "deepep-normal"),
+        decode=PhaseProfile(nodes, "h200-8", 128, "deepep-ll"),
+        sources=(
+            "vLLM engine/arg_utils.py get_batch_defaults (" + READ_ON + "): GPUs with >= 70 GiB (not A100), "
+            "OpenAI server: max_num_batched_tokens 8192, max_num_seqs 1024 per engine (DP rank)",
+            "vLLM docs, 'Expert Parallel Deployment' (--enable-expert-parallel with --data-parallel-size, multi-node "
+            "DP + EP; DeepEP high-throughput kernels for prefill and low-latency for decode) (" + READ_ON + ")",
+        ),
+        assumptions=("128 running requests per GPU, a loaded server below vLLM's 1024 cap",),
+    )
+
+
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile(
         "deepseek-v3-published", "DeepSeek-V3 as DeepSeek serves it: prefill EP32 (4 x 8 H800), 16K tokens per GPU; "
@@ -113,33 +135,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         ),
         assumptions=("the decode batch is the CUDA-graph maximum, i.e. a fully loaded server",),
     ),
-    Profile(
-        "vllm-gpt-oss-ep8", "vLLM wide-EP, gpt-oss-20b / Qwen3-30B-A3B class on 1 x 8 H200: 8,192 tokens per GPU "
-        "per step, 128 running requests per GPU",
-        model="gpt-oss-20b", hidden_size=2880, moe_intermediate_size=2880, dispatch_bytes=1.0, combine_bytes=2.0,
-        prefill=PhaseProfile(1, "h200-8", 8192, "deepep-normal"),
-        decode=PhaseProfile(1, "h200-8", 128, "deepep-ll"),
-        sources=(
-            "vLLM engine/arg_utils.py get_batch_defaults (" + READ_ON + "): GPUs with >= 70 GiB (not A100), "
-            "OpenAI server: max_num_batched_tokens 8192, max_num_seqs 1024 per engine (DP rank)",
-            "vLLM docs, 'Expert Parallel Deployment' (--enable-expert-parallel with --data-parallel-size, DeepEP "
-            "high-throughput kernels for prefill and low-latency for decode) (" + READ_ON + ")",
-        ),
-        assumptions=("128 running requests per GPU, a loaded server below vLLM's 1024 cap",),
-    ),
-    Profile(
-        "vllm-gpt-oss-ep32", "vLLM wide-EP, gpt-oss-20b / Qwen3-30B-A3B class on 4 x 8 H200 (EP32): 8,192 tokens "
-        "per GPU per step, 128 running requests per GPU",
-        model="gpt-oss-20b", hidden_size=2880, moe_intermediate_size=2880, dispatch_bytes=1.0, combine_bytes=2.0,
-        prefill=PhaseProfile(4, "h200-8", 8192, "deepep-normal"),
-        decode=PhaseProfile(4, "h200-8", 128, "deepep-ll"),
-        sources=(
-            "vLLM engine/arg_utils.py get_batch_defaults (" + READ_ON + "): max_num_batched_tokens 8192, "
-            "max_num_seqs 1024 per engine on >= 70 GiB GPUs",
-            "vLLM docs, 'Expert Parallel Deployment' (multi-node DP + EP) (" + READ_ON + ")",
-        ),
-        assumptions=("128 running requests per GPU, a loaded server below vLLM's 1024 cap",),
-    ),
+    *(_vllm_gpt_oss(nodes) for nodes in (1, 4)),
 )}
 
 
