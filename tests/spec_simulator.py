@@ -262,6 +262,20 @@ def kernel_call_time(kernel: str, busiest_intra: float, busiest_inter: float, ha
     return t + (alpha if has_pairs else 0.0)
 
 
+def layer_of(kernel: str, bi: float, be: float, act: float, flop: float, has_pairs: bool, cluster,
+             dbytes: float, cbytes: float, expert_bytes: float, overlap: bool) -> float:
+    """One layer's time from the busiest (or mean) sends bi/be, active experts and FLOP time: dispatch + expert +
+    combine, or the two halves of two-batch overlap."""
+    if overlap:
+        dh = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, dbytes)
+        ch = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, cbytes)
+        mh = max(act * expert_bytes / cluster.hbm_bw, flop / 2) + cluster.compute_overhead if has_pairs else 0.0
+        return dh + max(mh, dh) + max(ch, mh) + ch
+    ex = max(act * expert_bytes / cluster.hbm_bw, flop) + cluster.compute_overhead if has_pairs else 0.0
+    return (kernel_call_time(kernel, bi, be, has_pairs, cluster, dbytes) + ex
+            + kernel_call_time(kernel, bi, be, has_pairs, cluster, cbytes))
+
+
 def pair_busiest(pairs_from_to: list[tuple[int, int]], W: int, G: int) -> dict[str, int]:
     """Per-pair sends (no dedup) of one micro-batch and layer: (home, serving GPU) of every pair."""
     sent = {c: [0] * W for c in ("intra", "inter")}
@@ -448,20 +462,29 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                 c = mb_row[f"{kernel}.combine_time"][-1]
                 mb_row.setdefault("dispatch_time", []).append(d)
                 mb_row.setdefault("combine_time", []).append(c)
-                if overlap:
-                    bi, be, dbytes = calls[kernel]
-                    d = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, dbytes)
-                    c = kernel_call_time(kernel, bi / 2, be / 2, has_pairs, cluster, combine_send_bytes)
-                    mh = max(memory, compute / 2) + cluster.compute_overhead if has_pairs else 0.0
-                    mb_row.setdefault("layer_time", []).append(d + max(mh, d) + max(c, mh) + c)
+                bi, be, _ = calls[kernel]
+                args = (has_pairs, cluster, calls[kernel][2], combine_send_bytes, expert_bytes, overlap)
+                mb_row.setdefault("layer_time", []).append(layer_of(kernel, bi, be, active, compute, *args))
+                # the ideal bounds: every busiest quantity by its mean over the W GPUs (sends counted from source
+                # to destination of the kernel's send kind), then also no inter-node sends
+                if KERNEL_SENDS[kernel] == "per_pair":
+                    routes = [(h, g) for h, g in pair_routes if h != g]
                 else:
-                    mb_row.setdefault("layer_time", []).append(d + expert + c)
+                    Xk = X[KERNEL_SENDS[kernel]]
+                    routes = [(s_, d_) for s_ in range(W) for d_ in range(W) if s_ != d_ for _ in range(Xk[s_][d_])]
+                mi = sum(1 for s_, d_ in routes if s_ // G == d_ // G) / W
+                me = sum(1 for s_, d_ in routes if s_ // G != d_ // G) / W
+                mact = sum(len(x) for x in experts_on_gpu) / W
+                mflop = sum(pairs_on_gpu) / W * pair_seconds
+                mb_row.setdefault("bound_balanced_time", []).append(layer_of(kernel, mi, me, mact, mflop, *args))
+                mb_row.setdefault("bound_local_time", []).append(layer_of(kernel, mi, 0.0, mact, mflop, *args))
             for k, v in mb_row.items():
                 per_mb.setdefault(k, []).append(v)
         names = [f"{m}.{c}" for m in MODES for c in LINK_COUNTS] + [
             f"{m}.{c}" for m in MODES for c in ("comm_time", "comm_time_padded")] + ["compute_time", "pairs",
                                                                                      "max_load"]
-        names += ["max_active", "memory_time", "expert_time", "dispatch_time", "combine_time", "layer_time"]
+        names += ["max_active", "memory_time", "expert_time", "dispatch_time", "combine_time", "layer_time",
+                  "bound_balanced_time", "bound_local_time"]
         names += [f"per_pair.{c}" for c in ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")]
         names += [f"{k}.{c}" for k in KERNEL_SENDS for c in ("dispatch_time", "combine_time")]
         per_microbatch = {}

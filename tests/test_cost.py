@@ -125,3 +125,23 @@ def test_cost_config_refuses_bad_values():
         CostConfig(weight_bytes=0)
     with pytest.raises(ValueError, match="hbm_bw"):
         Cluster(1, 2, hbm_bw=0)
+
+
+def test_ideal_bounds_by_hand():
+    # balanced: every busiest quantity replaced by its mean over the 4 GPUs. nccl (per-GPU dedup): inter-node
+    # sends 0->2, 1->3, 1->2 = 3 in all, 0.75 per GPU; none intra. Loads [1, 0, 2, 1] -> mean 1 pair -> 3 s of
+    # FLOPs; active experts [1, 0, 2, 1] -> mean 1 x 300 B / 50 B/s = 6 s -> expert 0.5 + max(6, 3) = 6.5 s.
+    # dispatch 5 + 0.75 * 14 / 10 = 6.05, combine 5 + 0.75 * 20 / 10 = 6.5 -> 19.05 s (the plan itself: 29.3 s).
+    m = run(hbm_bw=50.0, mode="nccl")
+    assert m["bound_balanced_time"] == [[pytest.approx(6.05 + 6.5 + 6.5)]]
+    # balanced and local: no inter-node sends and none intra -> no communication at all, only the mean expert
+    assert m["bound_local_time"] == [[pytest.approx(6.5)]]
+    # deepep-ll: 3 inter pairs / 4 GPUs; with overlap the halves send half of it
+    ib = 10.0 * DEEPEP_RDMA_EFF
+    ll = run(hbm_bw=50.0, mode="deepep-ll")
+    assert ll["bound_balanced_time"] == [[pytest.approx(2 * DEEPEP_LL_ALPHA + 10 + 0.75 * (30 + 20) / ib + 6.5)]]
+    ov = run(hbm_bw=50.0, mode="nccl", overlap=True)
+    d, c, mh = 5 + 0.375 * 14 / 10, 5 + 0.375 * 20 / 10, 0.5 + max(6.0, 1.5)
+    assert ov["bound_balanced_time"] == [[pytest.approx(d + max(mh, d) + max(c, mh) + c)]]
+    for x in (m, ll, ov):  # a bound never exceeds the plan's own time
+        assert x["bound_local_time"][0][0] <= x["bound_balanced_time"][0][0] <= x["layer_time"][0][0]

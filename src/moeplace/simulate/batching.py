@@ -3,14 +3,23 @@
 Shape legend: T = tokens, R = requests, B = micro-batches.
 
 Arrival order is the request table's order: prefill prompts are laid end to end in that order and cut every
-``prefill_tokens``; decode windows hold ``decode_batch`` consecutive requests, and decode micro-batch ``(w, i)`` is
-the i-th decode token of every request of window ``w``. A trace sorted by domain therefore puts one domain in each
-micro-batch; shuffle the request table (``moeplace.evaluate``) to state a mixed order. Micro-batch ids depend only on
-a token row and the request table, so streaming never splits a micro-batch incorrectly (docs/SIMULATOR.md).
+``prefill_tokens``. Decode has two rules:
+
+- *windows* (``decode_running`` None, the default): windows hold ``decode_batch`` consecutive requests, and decode
+  micro-batch ``(w, i)`` is the i-th decode token of every request of window ``w``;
+- *continuous batching* (``decode_running`` = B x W, as serving engines run a loaded server): a running set of up
+  to ``decode_running`` requests; each contributes one token per step until its decode ends, and the next request
+  in arrival order joins at the step a running one leaves (:func:`continuous_starts`). Decode micro-batch ``s`` is
+  step ``s``: request r's j-th decode token is in micro-batch ``start[r] + j``.
+
+A trace sorted by domain therefore puts one domain in each micro-batch; shuffle the request table
+(``moeplace.evaluate``) to state a mixed order. Micro-batch ids depend only on a token row and the request-level
+facts of the layout, so streaming never splits a micro-batch incorrectly (docs/SIMULATOR.md).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -34,6 +43,9 @@ class Layout:
     prefill_start: np.ndarray  # int64 [R]: exclusive cumsum of prompt (prompts laid end to end)
     decode_batch: int
     prefill_tokens: int
+    decode_running: int | None = None  # continuous batching's running set (None: decode windows)
+    decode_first: np.ndarray | None = None  # int64 [R]: first decode step (pos - prompt) seen (table order)
+    decode_start: np.ndarray | None = None  # int64 [R]: step the request joins the running set (continuous only)
     mb_ids: dict = field(default_factory=dict)  # phase -> int64 [B] sorted micro-batch ids
     mb_tokens: dict = field(default_factory=dict)  # phase -> int64 [B] tokens of each
 
@@ -77,7 +89,32 @@ def microbatch_ids(lay: Layout, r: np.ndarray, position: np.ndarray, phase: np.n
                              f"(prompt length {int(lay.prompt[rd[j]])})")
         if (step >= 1 << DECODE_WINDOW_SHIFT).any():
             raise ValueError("decode step beyond 2**32")
-        out[dec] = ((rd // lay.decode_batch) << DECODE_WINDOW_SHIFT) | step
+        if lay.decode_running is None:
+            out[dec] = ((rd // lay.decode_batch) << DECODE_WINDOW_SHIFT) | step
+        else:
+            out[dec] = lay.decode_start[rd] + step - lay.decode_first[rd]
+    return out
+
+
+def continuous_starts(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """int64 [R]: the decode step at which each request joins a continuous batch.
+
+    lengths: int [R] decode steps of each request, in arrival order; capacity: the running set's size. The first
+    ``capacity`` requests start at step 0; every later one starts at the step the earliest-finishing running request
+    leaves (a request that starts at s with n steps leaves at s + n). A request with no decode step takes no place.
+    Sequential by nature (a heap of finish steps); O(R log capacity).
+    """
+    if isinstance(capacity, bool) or int(capacity) < 1:
+        raise ValueError(f"continuous batching: capacity must be >= 1, got {capacity!r}")
+    n = np.asarray(lengths, np.int64)
+    out = np.zeros(len(n), np.int64)
+    heap: list[int] = []
+    for i, ln in enumerate(n.tolist()):
+        if ln <= 0:
+            continue
+        s = 0 if len(heap) < capacity else heapq.heappop(heap)
+        out[i] = s
+        heapq.heappush(heap, s + ln)
     return out
 
 
@@ -94,7 +131,8 @@ def build_layout(source: Trace | str, requests: Requests, home: np.ndarray, batc
     order = np.argsort(requests.request_id, kind="stable")
     prompt = np.asarray(requests.prompt_len, np.int64).copy()
     lay = Layout(requests.request_id[order].astype(np.int64), order.astype(np.int64), np.asarray(home, np.int64),
-                  prompt, np.zeros(R, np.int64), batching.decode_batch, batching.prefill_tokens)
+                  prompt, np.zeros(R, np.int64), batching.decode_batch, batching.prefill_tokens,
+                  batching.decode_running)
     if (prompt <= 0).any():  # unknown prompt length: 1 + the largest prefill position seen
         seen = np.zeros(R, np.int64)
         for rid, pos, ph in light_columns(source):
@@ -102,6 +140,18 @@ def build_layout(source: Trace | str, requests: Requests, home: np.ndarray, batc
             np.maximum.at(seen, rows_of(lay, rid[pre]), pos[pre].astype(np.int64) + 1)
         lay.prompt = np.where(prompt > 0, prompt, seen)
     lay.prefill_start = np.cumsum(lay.prompt) - lay.prompt
+    if batching.decode_running is not None:  # each request's decode steps, then when it joins the running set
+        first = np.full(R, np.iinfo(np.int64).max, np.int64)
+        last = np.full(R, -1, np.int64)
+        for rid, pos, ph in light_columns(source):
+            dec = ph == DECODE
+            r = rows_of(lay, rid[dec])
+            step = pos[dec].astype(np.int64) - lay.prompt[r]
+            np.minimum.at(first, r, step)
+            np.maximum.at(last, r, step)
+        length = np.where(last >= 0, last - first + 1, 0)
+        lay.decode_first = np.where(last >= 0, first, 0)
+        lay.decode_start = continuous_starts(length, batching.decode_running)
     ids: dict[int, list] = {PREFILL: [], DECODE: []}
     for rid, pos, ph in light_columns(source):
         mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
@@ -140,8 +190,9 @@ def window_microbatches(token_request: np.ndarray, prefill: np.ndarray, arrival:
 
     token_request: int [T] request index of each row (rows in generation order within a request); prefill: bool [T]
     rows of the prompt; arrival: int [Rq] request indices in arrival order. The rules of this module: prompts laid
-    end to end in arrival order and cut every ``prefill_tokens``; decode window = arrival rank // decode_batch,
-    step = the row's rank among its request's decode rows. Prefill and decode ids are separate spaces.
+    end to end in arrival order and cut every ``prefill_tokens``; decode step j = the row's rank among its
+    request's decode rows, micro-batch = (arrival rank // decode_batch, j) with windows, or start + j under
+    continuous batching (:func:`continuous_starts` over arrival order). Prefill and decode ids are separate spaces.
     """
     tr = np.asarray(token_request, np.int64)
     pre = np.asarray(prefill, bool)
@@ -157,5 +208,12 @@ def window_microbatches(token_request: np.ndarray, prefill: np.ndarray, arrival:
         out[pre] = (start[tr[pre]] + rank_within(tr[pre])) // batching.prefill_tokens
     dec = ~pre
     if dec.any():
-        out[dec] = ((pos[tr[dec]] // batching.decode_batch) << DECODE_WINDOW_SHIFT) | rank_within(tr[dec])
+        step = rank_within(tr[dec])
+        if batching.decode_running is None:
+            out[dec] = ((pos[tr[dec]] // batching.decode_batch) << DECODE_WINDOW_SHIFT) | step
+        else:
+            length = np.bincount(tr[dec], minlength=Rq)
+            start = np.empty(Rq, np.int64)
+            start[arr] = continuous_starts(length[arr], batching.decode_running)
+            out[dec] = start[tr[dec]] + step
     return out

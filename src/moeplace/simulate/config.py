@@ -76,9 +76,22 @@ class BatchConfig:
 
     decode_batch: int = 256  # requests per decode window: decode micro-batch = the i-th decode token of each
     prefill_tokens: int = 8192  # prefill token budget: prompts laid end to end in request order, cut every budget
+    # continuous batching of decode (None: fixed windows of decode_batch requests): a running set of up to this
+    # many requests, each one token per step until its decode ends; the next arrival joins when one leaves
+    decode_running: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("decode_batch", "prefill_tokens"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"batching: {name} must be a positive integer, got {v!r}")
+        v = self.decode_running
+        if v is not None and (not _is_int(v) or v < 1):
+            raise ValueError(f"batching: decode_running must be a positive integer or None, got {v!r}")
+
+    def capacity(self, phase: str) -> int:
+        """Tokens of a full micro-batch of ``phase`` ("prefill" or "decode"): the prefill budget; the running-set
+        size under continuous batching, else the decode window."""
+        if phase == "prefill":
+            return self.prefill_tokens
+        return self.decode_running if self.decode_running is not None else self.decode_batch

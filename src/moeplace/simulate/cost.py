@@ -114,7 +114,8 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     With active int [B, L, W] (distinct experts with pairs per GPU), pair_counts int [B, L, 4] (PAIR_COUNT_NAMES)
     and terms, also the kernel time model: ``max_active``, ``per_pair.{name}``, ``memory_time``, ``expert_time``,
     ``{kernel}.dispatch_time`` / ``{kernel}.combine_time`` for every kernel, and ``dispatch_time``,
-    ``combine_time``, ``layer_time`` of the kernel ``terms`` chooses for ``phase``.
+    ``combine_time``, ``layer_time`` of the kernel ``terms`` chooses for ``phase``, with its ideal bounds
+    ``bound_balanced_time`` and ``bound_local_time``.
     """
     W, G = cluster.world_size, cluster.gpus_per_node
     out: dict[str, np.ndarray] = {}
@@ -157,12 +158,37 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     km = KERNELS[k]
     d, c, m = out[f"{k}.dispatch_time"], out[f"{k}.combine_time"], out["expert_time"]
     out["dispatch_time"], out["combine_time"] = d, c
+    bi, be = busiest[km.sends]
+    out["layer_time"] = _layer_seconds(km, terms, k, bi, be, out["max_active"], out["compute_time"], any_pairs,
+                                       cluster, (d, m, c))
+    # The ideal bound (docs/SIMULATOR.md, "Bounds"), same plan and traffic: *balanced* replaces every busiest-GPU
+    # quantity (pairs, active experts, sends per link class) by its mean over GPUs (a class's total sends / W);
+    # *local* additionally sends nothing between nodes. Both are <= layer_time, micro-batch by micro-batch.
+    total = {"per_gpu": (counts["per_gpu"][..., 1], counts["per_gpu"][..., 2]),
+             "two_hop": (counts["two_hop"][..., 1], counts["two_hop"][..., 2]),
+             "per_pair": (pair_counts[..., 0], pair_counts[..., 1])}
+    ti, te = (np.asarray(x, np.float64) / max(W, 1) for x in total[km.sends])
+    mean_active = active.mean(-1) if W else np.zeros(load.shape[:-1])
+    mean_flop = (load.mean(-1) if W else np.zeros(load.shape[:-1])) * pair_seconds
+    out["bound_balanced_time"] = _layer_seconds(km, terms, k, ti, te, mean_active, mean_flop, any_pairs, cluster)
+    out["bound_local_time"] = _layer_seconds(km, terms, k, ti, np.zeros_like(te), mean_active, mean_flop,
+                                             any_pairs, cluster)
+    return out
+
+
+def _layer_seconds(km, terms: TimeTerms, k: str, bi: np.ndarray, be: np.ndarray, active: np.ndarray,
+                   flop_time: np.ndarray, any_pairs: np.ndarray, cluster: Cluster,
+                   whole: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """[B, L] layer time of kernel ``k`` (model ``km``) for busiest sends (bi intra, be inter), active experts and
+    FLOP time of the busiest GPU: dispatch + expert + combine, or the two-batch overlap of two halves. ``whole``:
+    the (dispatch, expert, combine) times already computed for these inputs."""
     if terms.overlap:
-        bi, be = busiest[km.sends]
         d_h = kernel_seconds(km, bi / 2, be / 2, any_pairs, cluster, terms.dispatch_send_bytes[k])
         c_h = kernel_seconds(km, bi / 2, be / 2, any_pairs, cluster, terms.combine_send_bytes)
-        m_h = expert_seconds(out["max_active"], out["compute_time"] / 2, any_pairs, terms.expert_bytes, cluster)
-        out["layer_time"] = overlapped_seconds(d_h, m_h, c_h)
-    else:
-        out["layer_time"] = d + m + c
-    return out
+        m_h = expert_seconds(active, flop_time / 2, any_pairs, terms.expert_bytes, cluster)
+        return overlapped_seconds(d_h, m_h, c_h)
+    if whole is None:
+        whole = (kernel_seconds(km, bi, be, any_pairs, cluster, terms.dispatch_send_bytes[k]),
+                 expert_seconds(active, flop_time, any_pairs, terms.expert_bytes, cluster),
+                 kernel_seconds(km, bi, be, any_pairs, cluster, terms.combine_send_bytes))
+    return whole[0] + whole[1] + whole[2]

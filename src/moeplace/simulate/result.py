@@ -78,6 +78,12 @@ class PhaseResult:
     node_local_pairs: np.ndarray  # int64 [L] pairs served on the home GPU's node
     sends: dict  # mode ("per_gpu", "two_hop") -> int64 [L, W, W] sends source -> destination (diagonal: intra-GPU)
     per_microbatch: dict  # name -> [B, L] (see moeplace.simulate.cost.microbatch_metrics); sorted by microbatch_ids
+    microbatch_tokens: np.ndarray | None = None  # int64 [B] tokens of each micro-batch (the layout's count)
+
+    def layer_times(self, key: str = "layer_time") -> np.ndarray:
+        """float [B]: mean over layers of ``per_microbatch[key]`` (the layer time per micro-batch, seconds)."""
+        x = self.per_microbatch[key]
+        return x.mean(1) if x.shape[0] and x.shape[1] else np.zeros(x.shape[0])
 
     @property
     def num_microbatches(self) -> int:
@@ -134,7 +140,8 @@ class PhaseResult:
         out["compute_time_s"] = _stat_additive(pm["compute_time"])
         # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
         out["kernel_time"] = {f"{k}_s": _stat_additive(pm[k]) for k in (
-            "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time")}
+            "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time", "bound_balanced_time",
+            "bound_local_time")}
         for k in KERNELS:
             out["kernel_time"][k] = {f"{part}_s": _stat_additive(pm[f"{k}.{part}"])
                                      for part in ("dispatch_time", "combine_time")}
@@ -164,6 +171,8 @@ def merge_phases(a: PhaseResult, b: PhaseResult) -> PhaseResult:
         a.local_pairs + b.local_pairs, a.node_local_pairs + b.node_local_pairs,
         {m: a.sends[m] + b.sends[m] for m in DEDUP_MODES},
         {k: np.concatenate([a.per_microbatch[k], b.per_microbatch[k]]) for k in a.per_microbatch},
+        None if a.microbatch_tokens is None or b.microbatch_tokens is None
+        else np.concatenate([a.microbatch_tokens, b.microbatch_tokens]),
     )
 
 

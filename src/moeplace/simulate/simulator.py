@@ -300,8 +300,10 @@ class _PhaseAcc:
             z = np.zeros((0, L, 6), np.int64)
             zw = np.zeros((0, L, self.ctx.W), np.int64)
             pm = self.ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw, np.zeros((0, L, 4), np.int64), self.name)
+        j = np.minimum(np.searchsorted(self.expect_ids, ids), max(len(self.expect_ids) - 1, 0))
+        mb_tokens = self.expect_n[j].astype(np.int64) if len(ids) else np.zeros(0, np.int64)
         return PhaseResult(name, self.tokens, self.ctx.dispatch_send_bytes, self.ctx.combine_send_bytes, ids,
-                           self.pairs, self.load, self.local, self.node_local, self.sends, pm)
+                           self.pairs, self.load, self.local, self.node_local, self.sends, pm, mb_tokens)
 
 
 # --------------------------------------------------------------------------------------------------- entry points
