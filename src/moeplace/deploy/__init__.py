@@ -23,7 +23,7 @@ from moeplace.deploy.hardware import (
     get_cluster_preset,
     parse_cluster,
 )
-from moeplace.deploy.models import MODEL_PRESETS, ModelPreset, find_model, get_model
+from moeplace.deploy.models import MODEL_PRESETS, ModelPreset, expert_groups, find_model, get_model
 
 if TYPE_CHECKING:  # the CLI imports this package to build its options, without numpy
     from moeplace.placement import Cluster
@@ -46,6 +46,9 @@ class Deployment:
     overlap: bool = False  # two-batch overlap of dispatch, expert compute and combine
     decode_batch: int = 256  # requests per decode window
     prefill_tokens: int = 8192  # prefill micro-batch token budget
+    decode_running: int | None = None  # continuous batching: running requests over all GPUs (None: windows)
+    intermediate_size: int | None = None  # routed expert FFN width (None: the model preset's, else hidden)
+    profile: str | None = None  # the deployment profile this came from (moeplace.deploy.profiles), if any
 
     def time_params(self) -> dict[str, object]:
         """The time-model keywords a strategy that prices time declares (hidden_size .. prefill_tokens)."""
@@ -56,4 +59,4 @@ TIME_PARAMS = ("hidden_size", "dispatch_bytes", "combine_bytes", "mode", "rule",
                "prefill_tokens")
 
 __all__ = ["CLUSTER_PRESETS", "HARDWARE_FIELDS", "MODEL_PRESETS", "TIME_PARAMS", "ClusterPreset", "Deployment",
-           "Hardware", "ModelPreset", "find_model", "get_cluster_preset", "get_model", "parse_cluster"]
+           "Hardware", "ModelPreset", "expert_groups", "find_model", "get_cluster_preset", "get_model", "parse_cluster"]

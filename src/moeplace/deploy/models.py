@@ -76,3 +76,25 @@ def find_model(model: str) -> ModelPreset | None:
             return p
     hits = [p for p in MODEL_PRESETS.values() if p.hf_id.split("/")[-1].lower() in m or p.name in m]
     return max(hits, key=lambda p: len(p.hf_id)) if hits else None
+
+
+def expert_groups(model: str) -> int:
+    """Expert groups of group-limited routing (DeepSeek-V3: 8) of the model a trace names: its preset's
+    ``n_group``, else ``n_group`` of the ``config.json`` in the model's folder (a trained reference model such as
+    ``src/moeplace/data/reference-ds``; looked up as given and under the package's data folder), else 1."""
+    import json
+    from pathlib import Path
+
+    p = find_model(model)
+    if p is not None and p.n_group > 1:
+        return p.n_group
+    here = Path(__file__).resolve().parents[1] / "data"
+    for d in (Path(model), here / Path(model).name):
+        try:
+            cfg = json.loads((d / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        g = cfg.get("n_group") if isinstance(cfg, dict) else None
+        if isinstance(g, int) and not isinstance(g, bool) and g >= 1:
+            return g
+    return 1

@@ -147,6 +147,67 @@ def get_profile(name: str) -> Profile:
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)} (moeplace profiles)") from None
 
 
+OVERRIDABLE = ("cluster", "cluster_preset", "hidden_size", "dispatch_bytes", "combine_bytes", "mode", "rule",
+               "overlap", "prefill_tokens", "decode_running", "decode_batch")
+
+
+def phase_deployments(profile: Profile, **overrides: object) -> dict:  # phase -> moeplace.deploy.Deployment
+    """One :class:`~moeplace.deploy.Deployment` per phase of ``profile``, each with the phase's cluster, kernel,
+    rule and batch sizes (prefill: C x W tokens per micro-batch; decode: B x W running requests, continuous
+    batching, and windows of as many requests for planners that price windows).
+
+    ``overrides`` (:data:`OVERRIDABLE`; None values are ignored) replace single fields in both phases: ``cluster``
+    is a ``--cluster`` spec (a node count keeps the phase's hardware), ``cluster_preset`` the hardware; per-GPU batch
+    sizes are kept when the cluster changes, unless ``prefill_tokens`` / ``decode_running`` give totals.
+    """
+    from moeplace.deploy import Deployment
+    from moeplace.deploy.hardware import parse_cluster
+
+    bad = sorted(set(overrides) - set(OVERRIDABLE))
+    if bad:
+        raise ValueError(f"profile {profile.name}: cannot override {', '.join(bad)}")
+    o = {k: v for k, v in overrides.items() if v is not None and v is not False}
+    out = {}
+    for ph in PHASES:
+        p = profile.phase(ph)
+        hw = o.get("cluster_preset", p.hardware)
+        cluster = parse_cluster(str(o.get("cluster", p.nodes)), hw)
+        W = cluster.world_size
+        running = int(o.get("decode_running", profile.decode.per_gpu * W))
+        out[ph] = Deployment(
+            cluster, hw, int(o.get("hidden_size", profile.hidden_size)),
+            float(o.get("dispatch_bytes", profile.dispatch_bytes)),
+            float(o.get("combine_bytes", profile.combine_bytes)),
+            str(o.get("mode", p.mode)), str(o.get("rule", p.rule)), bool(o.get("overlap", False)),
+            int(o.get("decode_batch", running)), int(o.get("prefill_tokens", profile.prefill.per_gpu * W)), running,
+            profile.moe_intermediate_size, profile.name)
+    return out
+
+
+def merged_deployment(profile: Profile, deployments: dict):  # -> moeplace.deploy.Deployment
+    """The one deployment of a profile whose phases run on the same cluster (kernel ``auto`` when prefill uses
+    deepep-normal and decode deepep-ll); ValueError naming the two clusters when they differ (choose a phase)."""
+    import dataclasses
+
+    pre, dec = deployments["prefill"], deployments["decode"]
+    if pre.cluster.spec() != dec.cluster.spec() or pre.cluster_preset != dec.cluster_preset:
+        raise ValueError(f"profile {profile.name} runs prefill on {pre.cluster.spec()} and decode on "
+                         f"{dec.cluster.spec()} ({pre.cluster_preset} nodes): choose one with --phase prefill|decode")
+    if pre.rule != dec.rule:
+        raise ValueError(f"profile {profile.name}: prefill and decode use different replica rules; choose --phase")
+    modes = (pre.mode, dec.mode)
+    mode = pre.mode if pre.mode == dec.mode else "auto" if modes == ("deepep-normal", "deepep-ll") else None
+    if mode is None:
+        raise ValueError(f"profile {profile.name}: kernels {modes} are not one mode; choose --phase or --mode")
+    return dataclasses.replace(dec, mode=mode, prefill_tokens=pre.prefill_tokens)
+
+
+def default_redundant(num_experts: int, world_size: int) -> int:
+    """Redundant slots a profile gives by default: one per GPU (DeepSeek's 32 at EP32), plus what makes the slots
+    divide evenly among GPUs: the smallest R >= W with (E + R) % W == 0."""
+    return world_size + (-num_experts) % world_size
+
+
 def _check_registry() -> None:
     from moeplace.deploy.hardware import CLUSTER_PRESETS
     from moeplace.deploy.models import MODEL_PRESETS
@@ -160,4 +221,5 @@ def _check_registry() -> None:
 
 _check_registry()
 
-__all__ = ["PHASES", "PROFILES", "PhaseProfile", "Profile", "get_profile"]
+__all__ = ["OVERRIDABLE", "PHASES", "PROFILES", "PhaseProfile", "Profile", "default_redundant", "get_profile",
+           "merged_deployment", "phase_deployments"]

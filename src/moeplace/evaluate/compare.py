@@ -25,8 +25,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from moeplace.deploy import Deployment
-from moeplace.evaluate.score import planning_balance, score_plan, score_plan_phases, sim_metrics
+from moeplace.deploy import Deployment, expert_groups
+from moeplace.deploy.profiles import default_redundant
+from moeplace.evaluate.measure import (
+    MIN_MICROBATCHES,
+    PhaseSetup,
+    check_enough,
+    measure_seed,
+    microbatch_counts,
+    score_on,
+    setup_of,
+    summarize,
+)
+from moeplace.evaluate.score import planning_balance, sim_metrics
 from moeplace.evaluate.windows import DEFAULT_PREFIX_TOKENS, split_windows
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.plan import FOE_STRATEGIES, MOE_STRATEGIES, get_strategy, make_plan
@@ -43,20 +54,30 @@ TABLE_COLUMNS = (("inter_node_bytes_vs_linear", "inter/lin", "{:.3f}"), ("balanc
                  ("plan_seconds", "plan s", "{:.2f}"))
 
 
-def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list[str] | None = None,
+def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, strategies: list[str] | None = None,
             holdout: float = 0.25, split: str = "random", seed: int = 0,
             prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
             params: dict | None = None, progress: Callable[[str], None] | None = None,
             arrival: str = "table", cost: CostConfig | None = None, batching: BatchConfig | None = None,
-            rule: str = DEFAULT_RULE, deployment: Deployment | None = None) -> dict:
+            rule: str = DEFAULT_RULE, deployment: Deployment | None = None, *,
+            phase_deployments: dict[str, Deployment] | None = None, split_seeds: list[int] | None = None,
+            arrival_seed: int | None = None, min_microbatches: int = MIN_MICROBATCHES, allow_few: bool = False
+            ) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
     cost, batching, rule: the time model, micro-batching and replica rule of the scoring (default: the trace's
     hidden size, kernel ``auto``, the simulator's batching and rule); ``deployment`` gives the strategies that
-    price time the same (the CLI builds all four from one option group). ``params``: strategy parameters, each
-    given to the strategies that declare it; ``balance_floor`` to those with a floor. Rows give the predicted MoE
-    layer time per micro-batch for prefill and decode, and, when eplb is compared, each strategy's ratio to eplb's.
+    price time the same (the CLI builds all four from one option group). ``phase_deployments`` (a profile's, one
+    per phase, :func:`moeplace.deploy.profiles.phase_deployments`) replaces all of these: each phase is planned and
+    scored on its own deployment and only its full micro-batches count (at least ``min_microbatches`` per phase
+    unless ``allow_few``). ``params``: strategy parameters, each given to the strategies that declare it;
+    ``balance_floor`` to those with a floor. ``seed`` seeds the planners; ``split_seeds`` (default ``[seed]``) the
+    splits, ``arrival_seed`` (default: each split's seed) the mixed arrival order.
+
+    Rows (the first split seed) give the predicted MoE layer time per micro-batch for prefill and decode and each
+    strategy's ratio to eplb's; ``phases`` (all split seeds, :mod:`moeplace.evaluate.measure`) the ratio to the
+    strongest EPLB with its 95% interval, the ideal bounds and the gap closed.
     """
     names = list(strategies or MOE_STRATEGIES)
     for n in names:
@@ -64,34 +85,87 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
         if n in FOE_STRATEGIES:
             raise ValueError(f"compare scores plain MoE execution; strategy {n!r} plans an FoE model, whose all-to-all "
                              "and all-reduce run-ep measures (docs/FOE.md)")
-    win = split_windows(trace, holdout, split, seed, prefix_tokens, arrival)
     meta: TraceMeta = trace.meta
-    base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant), cluster,
-                     strategy="linear")
-    base = score_plan(base_plan, win, cost=cost, batching=batching, rule=rule)
-    base_bytes = base["inter_node_bytes"]["total"]
-    out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": cluster.spec(),
-                 "cluster_hardware": cluster.to_json(),
-                 "num_redundant": num_redundant, "holdout": holdout, "split": split, "seed": seed, "arrival": arrival,
-                 "prefix_tokens": prefix_tokens, "planning_requests": int(win.plan_work.num_requests),
-                 "held_out_requests": int(len(win.held.requests)),
-                 "scored_tokens": int(base["num_tokens"]), "strategies": {}}
-    for n in names:
+    if phase_deployments is not None:
+        setups = {ph: setup_of(d, full_only=True) for ph, d in phase_deployments.items()}
+    else:
+        if cluster is None:
+            raise ValueError("compare needs a cluster or per-phase deployments")
+        one = PhaseSetup(cluster, cost or CostConfig(), batching or BatchConfig(), rule, deployment)
+        setups = {"prefill": one, "decode": one}
+    redundant = {ph: (num_redundant if num_redundant is not None
+                      else default_redundant(meta.num_experts, st.cluster.world_size)) for ph, st in setups.items()}
+    seeds = list(split_seeds) if split_seeds else [seed]
+    num_groups = expert_groups(meta.model)
+
+    def plan_one(n: str, win, cl: Cluster, R: int, dep: Deployment | None, extra: dict) -> Plan:
         st = get_strategy(n)
         kw = {k: v for k, v in (params or {}).items() if st.param(k) is not None}
+        kw.update(extra)
         if balance_floor is not None and st.param("balance_floor") is not None:
             kw["balance_floor"] = balance_floor
-        if progress:
-            progress(f"planning {n}")
-        t0 = time.perf_counter()
-        if deployment is None and cost is not None and st.prices_time:  # price as the scoring does
+        if dep is None and cost is not None and st.prices_time:  # price as the scoring does
             kw.setdefault("hidden_size", cost.hidden_size)
             kw.setdefault("mode", cost.mode)
-        plan = make_plan(n, win.plan_work, cluster, num_redundant, planned_on=f"{meta.model} planning window",
-                         deployment=deployment, seed=seed, **kw)
-        res = score_plan_phases(plan, win, cost=cost, batching=batching, rule=rule)
-        dec, pre = res.decode.to_json(), res.prefill.to_json()
+        return make_plan(n, win.plan_work, cl, R, planned_on=f"{meta.model} planning window", deployment=dep,
+                         seed=seed, **kw)
+
+    dec_st = setups["decode"]
+    out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": dec_st.cluster.spec(),
+                 "cluster_hardware": dec_st.cluster.to_json(),
+                 "num_redundant": redundant["decode"], "holdout": holdout, "split": split, "seed": seed,
+                 "split_seeds": seeds, "arrival_seed": arrival_seed, "arrival": arrival,
+                 "prefix_tokens": prefix_tokens,
+                 "profile": next((d.profile for d in (phase_deployments or {}).values() if d.profile), None),
+                 "phase_deployments": {ph: {"cluster": st.cluster.spec(), "num_redundant": redundant[ph],
+                                            "rule": st.rule, "mode": st.cost.mode,
+                                            "capacity": st.batching.capacity(ph), "full_only": st.full_only}
+                                       for ph, st in setups.items()},
+                 "expert_groups": num_groups, "strategies": {}}
+    per_seed: dict[str, list] = {ph: [] for ph in setups}
+    counts_all: list[dict] = []
+    for i, s in enumerate(seeds):
+        win = split_windows(trace, holdout, split, s, prefix_tokens, arrival, arrival_seed)
+        counts = {ph: microbatch_counts(win, st.batching)[ph] for ph, st in setups.items()}
+        check_enough(counts, setups, min_microbatches, allow_few, f"{meta.model} (split seed {s})")
+        counts_all.append(counts)
+        if progress and len(seeds) > 1:
+            progress(f"split seed {s} ({i + 1} of {len(seeds)})")
+        t0 = time.perf_counter()
+        smp, results, plans = measure_seed(win, names, setups, redundant, num_groups, plan_one, min_microbatches,
+                                           allow_few, progress if i == 0 else None)
+        for ph in setups:
+            per_seed[ph].append(smp[ph])
+        if i == 0:
+            out["planning_requests"] = int(win.plan_work.num_requests)
+            out["held_out_requests"] = int(len(win.held.requests))
+            out["strategies"] = legacy_rows(names, win, dec_st, results, plans, redundant["decode"],
+                                            time.perf_counter() - t0)
+            out["scored_tokens"] = next(iter(out["strategies"].values()))["scored_tokens"] if names else 0
+    out["microbatch_counts"] = {ph: {"microbatches": [c[ph]["microbatches"] for c in counts_all],
+                                     "full": [c[ph]["full"] for c in counts_all]} for ph in setups}
+    measured = summarize(per_seed, names)
+    out["baseline"], out["baseline_candidates"] = measured["baseline"], measured["baseline_candidates"]
+    for n in names:
+        out["strategies"][n]["phases"] = measured["phases"][n]
+    return out
+
+
+def legacy_rows(names: list[str], win, dec_st: PhaseSetup, results: dict, plans: dict, num_redundant: int,
+                wall: float) -> dict:
+    """The per-strategy rows of the first split seed (decode from the decode phase's plan, prefill from the
+    prefill phase's); ``inter_node_bytes_vs_linear`` divides by the linear placement on the decode cluster."""
+    meta = win.held.meta
+    base_plan = Plan(Placement.linear(meta.num_layers, meta.num_experts, dec_st.cluster.world_size, num_redundant),
+                     dec_st.cluster, strategy="linear")
+    base = score_on(base_plan, win, dec_st).decode.to_json()
+    base_bytes = base["inter_node_bytes"]["total"]
+    rows: dict = {}
+    for n in names:
+        dec, pre = results["decode"][n].decode.to_json(), results["prefill"][n].prefill.to_json()
+        plan = plans["decode"][n]
         row = sim_metrics(dec, base_bytes, pre)
+        row["scored_tokens"] = int(base["num_tokens"])
         # per-GPU pictures for the HTML report: load [W] (pairs, summed over layers) and bytes [W, W] (source ->
         # destination, dispatch + combine, per-GPU dedup); prefill's are None when no prefill rows were scored
         has_pre = pre["num_microbatches"] > 0
@@ -101,15 +175,15 @@ def compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list
         row["fallback"] = None if plan.fallback is None else plan.fallback.to_json()
         row["plan_seconds"] = plan.plan_seconds
         row["planning_balancedness"] = planning_balance(plan, win)
-        row["wall_seconds"] = time.perf_counter() - t0
-        out["strategies"][n] = row
-    ref = out["strategies"].get("eplb")
+        row["wall_seconds"] = wall
+        rows[n] = row
+    ref = rows.get("eplb")
     if ref:
-        for row in out["strategies"].values():
+        for row in rows.values():
             for ph in ("prefill", "decode"):
                 a, b = row.get(f"{ph}_layer_time_s"), ref.get(f"{ph}_layer_time_s")
                 row[f"{ph}_layer_time_vs_eplb"] = a / b if a is not None and b else None
-    return out
+    return rows
 
 
 def sweep_floor(trace: Trace, cluster: Cluster, num_redundant: int, result: dict, floors: list[float],

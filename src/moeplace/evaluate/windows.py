@@ -62,9 +62,11 @@ def reorder_requests(trace: Trace, order: np.ndarray) -> Trace:
 
 
 def split_windows(trace: Trace, holdout: float = 0.25, split: str = "random", seed: int = 0,
-                  prefix_tokens: int = DEFAULT_PREFIX_TOKENS, arrival: str = "table") -> Windows:
+                  prefix_tokens: int = DEFAULT_PREFIX_TOKENS, arrival: str = "table",
+                  arrival_seed: int | None = None) -> Windows:
     """Split a per-token trace into planning and held-out windows (see the module docstring); the held-out
-    request table is put in ``arrival`` order."""
+    request table is put in ``arrival`` order. ``seed`` draws the split, ``arrival_seed`` (default: ``seed``) the
+    mixed arrival order."""
     if arrival not in ARRIVALS:
         raise ValueError(f"arrival must be one of {ARRIVALS}, got {arrival!r}")
     if trace.tokens is None:
@@ -87,7 +89,8 @@ def split_windows(trace: Trace, holdout: float = 0.25, split: str = "random", se
     plan_ids = np.setdiff1d(rid, held_ids)
     pt, ht = subset_trace(trace, plan_ids), subset_trace(trace, held_ids)
     if arrival == "mixed":
-        ht = reorder_requests(ht, np.random.default_rng([seed, 1]).permutation(len(ht.requests)))
+        a = seed if arrival_seed is None else arrival_seed
+        ht = reorder_requests(ht, np.random.default_rng([a, 1]).permutation(len(ht.requests)))
     work = workload_from_tokens(pt.tokens.request_id, pt.tokens.phase, pt.tokens.expert_ids,
                                 trace.meta.num_experts, prefix_tokens)
     work = dataclasses.replace(work, model=trace.meta.model, hidden_size=trace.meta.hidden_size)
