@@ -1,24 +1,31 @@
-"""Predicted MoE layer time per micro-batch on held-out requests: joint (time objective) vs EPLB and vs
-activation-clusters, in the setting issue 12 names (mixed arrival order, prefill and decode apart, H200 preset).
+"""Predicted MoE layer time per micro-batch on held-out requests, where users run: every deployment profile the data
+fills, against the strongest EPLB, as a ratio with a paired 95% interval over split seeds and micro-batches, with
+the ideal bound and the gap closed (the protocol of docs/EVALUATION.md).
 
 Usage:
-  python bench/plan_time.py [--clusters 4x2,8x1,2x4,4x8] [--redundant 8] [--no-gpt-oss] [--no-fg] [--json PATH]
+  python bench/plan_time.py [--seeds 5] [--holdout 0.5] [--profiles NAME,...] [--workloads NAME,...]
+                            [--strategies eplb,activation-clusters,joint] [--json PATH]
 
-Workloads: the bundled reference trace (prefill + decode; scored with DeepSeek-V3-sized token vectors, hidden 7168,
-because its own 128-element vectors make every kernel latency-bound), the fine-grained reference model's trace
-(``reference-fg.trace``: 64 experts in 8 groups, top-6, 2 shared, prefill + 32 decode tokens of 4,136 held-out
-requests; scored with the token vectors of Instella-MoE-16B-A3B, the released model with its expert counts,
-hidden 2048) and the shared gpt-oss-20b decode routing (its own hidden size 2880) when ../shared/data has it.
-Each: plan on 75% of the requests (random split, seed 0),
-score on the other 25% in a seeded mixed arrival order with ``moeplace.evaluate.compare``. Clusters are nodes of
-the ``h200-8`` preset's links with the given GPUs per node. Kernel modes: ``auto`` (DeepEP normal for prefill,
-low-latency for decode) and ``deepep-normal`` for both phases (the communication-bound setting of the issue's
-first target). Baseline: EPLB's placement with round-robin homes, measured in the same run.
+Workloads (real routing of trained models; none synthetic):
+- ``reference-fg`` (64 experts in 8 groups, top-6): prefill from the prefill-scale held-out trace that
+  ``scripts/prefill_trace.py --model reference-fg`` writes into ``out/cache/`` (skipped, and said so, when it has not
+  been built), decode from the shipped ``reference-fg.trace`` (4,136 requests x 32 decode tokens);
+- ``reference-ds`` (DeepSeek-V3-shaped: 256 experts in 8 groups, top-4 groups, top-8): the same two sources;
+- ``gpt-oss-20b`` (decode-only routing from ../shared/data, when present).
+
+Per profile (``moeplace.deploy.profiles``) and phase, the profile's per-GPU batch sizes, kernel, rule and model
+sizes are kept, and the node count is the largest, up to the profile's, at which the held-out window forms at least
+20 full micro-batches (``measure.MIN_MICROBATCHES``) on the first split seed; a phase the data cannot fill even on
+one node is reported as such. Each setting: plan every strategy on the planning window of each of ``--seeds``
+random splits (mixed arrival order, seeded by the split), score on the held-out window's full micro-batches.
+Baseline: the best of EPLB global / hierarchical x {nearest-static, nearest-least-loaded, balanced} dispatch, chosen
+per phase on the held-out window, measured in the same run (``moeplace.evaluate.measure``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -26,72 +33,128 @@ from pathlib import Path
 from common import BenchRun
 
 REPO = Path(__file__).resolve().parents[1]
-BUNDLED = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
-FINE_GRAINED = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
-FG_HIDDEN = 2048  # Instella-MoE-16B-A3B (64 routed experts, top-6, 2 shared): moeplace.deploy
+DATA = REPO / "src" / "moeplace" / "data"
+CACHE = REPO / "out" / "cache"
 STRATEGIES = ["eplb", "activation-clusters", "joint"]
+
+
+def workload_sources() -> dict[str, dict[str, Path | None]]:
+    """Workload -> phase -> trace directory (None: not available here)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    gpt = None
+    if (REPO.parent / "shared" / "data" / "gpt-oss-20b").exists():
+        from plan_compare import ensure_trace
+
+        gpt = Path(ensure_trace(None))
+    out = {}
+    for name in ("reference-fg", "reference-ds"):
+        pre = CACHE / f"{name}-prefill.trace"
+        out[name] = {"prefill": pre if (pre / "meta.json").exists() else None, "decode": DATA / f"{name}.trace"}
+    out["gpt-oss-20b"] = {"prefill": None, "decode": gpt}
+    return out
+
+
+def fitted_nodes(trace, profile, phase: str, holdout: float) -> tuple[int | None, dict]:
+    """The largest node count (<= the profile's) at which the held-out window of split seed 0 forms at least
+    MIN_MICROBATCHES full micro-batches of ``phase``, and the counts per node count tried."""
+    from moeplace.deploy.profiles import phase_deployments
+    from moeplace.evaluate import split_windows
+    from moeplace.evaluate.measure import MIN_MICROBATCHES, microbatch_counts, setup_of
+
+    win = split_windows(trace, holdout, "random", 0, arrival="mixed")
+    tried = {}
+    for nodes in range(profile.phase(phase).nodes, 0, -1):
+        st = setup_of(phase_deployments(profile, cluster=str(nodes))[phase], full_only=True)
+        c = microbatch_counts(win, st.batching)[phase]
+        tried[nodes] = c
+        if c["full"] >= MIN_MICROBATCHES:
+            return nodes, tried
+    return None, tried
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clusters", default="4x2,8x1,2x4,4x8")
-    ap.add_argument("--redundant", type=int, default=8, help="per layer; rounded up per cluster to fit the GPUs")
-    ap.add_argument("--no-gpt-oss", action="store_true")
-    ap.add_argument("--no-fg", action="store_true", help="leave out the fine-grained reference model's trace")
+    ap.add_argument("--seeds", type=int, default=5, help="random split seeds (default: 5)")
+    ap.add_argument("--holdout", type=float, default=0.5, help="held-out fraction of the requests (default: 0.5)")
+    ap.add_argument("--profiles", help="comma-separated profile names (default: all)")
+    ap.add_argument("--workloads", help="comma-separated: reference-fg, reference-ds, gpt-oss-20b (default: all)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json")
     args = ap.parse_args()
-    run = BenchRun("plan_time", baseline="eplb (its placement, round-robin homes), scored in the same run")
+    run = BenchRun("plan_time", baseline="the strongest EPLB per phase (global/hierarchical x static/least-loaded/"
+                   "balanced dispatch), chosen on the held-out window, scored in the same run")
 
-    from moeplace.deploy import get_cluster_preset, parse_cluster
+    from moeplace.deploy.profiles import PROFILES, phase_deployments
     from moeplace.evaluate import compare
-    from moeplace.simulate import CostConfig
     from moeplace.trace import read_trace
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    workloads = [("reference", read_trace(BUNDLED), 7168)]
-    if not args.no_fg:
-        workloads.append(("reference-fg", read_trace(FINE_GRAINED), FG_HIDDEN))
-    if not args.no_gpt_oss and (REPO.parent / "shared" / "data" / "gpt-oss-20b").exists():
-        from plan_compare import ensure_trace
-
-        workloads.append(("gpt-oss-20b", read_trace(ensure_trace(None)), None))
-    h200 = get_cluster_preset("h200-8")
+    profiles = args.profiles.split(",") if args.profiles else list(PROFILES)
+    sources = workload_sources()
+    wanted = args.workloads.split(",") if args.workloads else list(sources)
+    strategies = args.strategies.split(",")
     results: dict = {}
-    for wname, trace, hidden in workloads:
-        for spec in args.clusters.split(","):
-            c = parse_cluster(spec)
-            cluster = h200.hardware.cluster(c.num_nodes, c.gpus_per_node)
-            for mode in ("auto", "deepep-normal"):
+    skipped: dict = {}
+    for wname in wanted:
+        for phase in ("prefill", "decode"):
+            path = sources[wname][phase]
+            if path is None:
+                skipped[f"{wname}-{phase}"] = ("no prefill-scale trace: run scripts/prefill_trace.py --model "
+                                               f"{wname}" if phase == "prefill" and wname != "gpt-oss-20b"
+                                               else "no such data here")
+                print(f"{wname} {phase}: skipped ({skipped[f'{wname}-{phase}']})", flush=True)
+                continue
+            trace = read_trace(path)
+            done: dict = {}
+            for pname in profiles:
+                prof = PROFILES[pname]
+                key = f"{wname}-{pname}-{phase}"
+                nodes, tried = fitted_nodes(trace, prof, phase, args.holdout)
+                if nodes is None:
+                    skipped[key] = f"fewer than 20 full micro-batches even on 1 node: {tried}"
+                    print(f"{key}: skipped ({skipped[key]})", flush=True)
+                    continue
+                deps = phase_deployments(prof, cluster=str(nodes))
+                bare = dataclasses.replace(deps[phase], profile=None)
+                same = next((k for k, d in done.items() if d == bare), None)
                 t0 = time.perf_counter()
-                cost = CostConfig(hidden_size=hidden or trace.meta.hidden_size, mode=mode)
-                E, W = trace.meta.num_experts, cluster.world_size
-                R = args.redundant + (-(E + args.redundant)) % W  # rounded up so that E + R slots split over W
-                r = compare(trace, cluster, R, STRATEGIES, seed=0, arrival="mixed", cost=cost)
-                rows = {}
-                for n, row in r["strategies"].items():
-                    rows[n] = {k: row.get(k) for k in (
-                        "prefill_layer_time_s", "decode_layer_time_s", "prefill_layer_time_vs_eplb",
-                        "decode_layer_time_vs_eplb", "inter_node_bytes_vs_linear", "balancedness", "plan_seconds")}
-                    rows[n]["fallback"] = None if not row.get("fallback") else row["fallback"]["used"]
-                ac = rows["activation-clusters"]
-                for ph in ("prefill", "decode"):
-                    a, b = rows["joint"][f"{ph}_layer_time_s"], ac[f"{ph}_layer_time_s"]
-                    rows["joint"][f"{ph}_layer_time_vs_activation_clusters"] = a / b if a is not None and b else None
-                key = f"{wname}-{spec}-{mode}"  # no "/": result paths in figure markers split on it
-                results[key] = {"workload": wname, "synthetic": bool(trace.meta.synthetic), "cluster": spec,
-                                "redundant": R,
-                                "mode": mode, "hidden_size": cost.hidden_size,
-                                "held_out_requests": r["held_out_requests"], "strategies": rows,
-                                "seconds": time.perf_counter() - t0}
-                j = rows["joint"]
-                print(f"{key}: joint/eplb prefill {j['prefill_layer_time_vs_eplb']} decode "
-                      f"{j['decode_layer_time_vs_eplb']}, joint plan {j['plan_seconds']:.1f} s", flush=True)
-    worse = [k for k, v in results.items() for ph in ("prefill", "decode")
-             if (v["strategies"]["joint"].get(f"{ph}_layer_time_vs_eplb") or 1.0) > 1.0 + 1e-9]
-    run.write({"params": {"clusters": args.clusters, "redundant": args.redundant, "preset": "h200-8",
-                          "arrival": "mixed", "holdout": 0.25, "seed": 0},
-               "results": results,
-               "summary": {"settings": len(results), "joint_slower_than_eplb": worse}}, args.json)
+                if same is not None:  # another profile reduced to the same deployment: the same measurement
+                    r = results[same]["compare"]
+                else:
+                    r = compare(trace, None, None, strategies, holdout=args.holdout, arrival="mixed",
+                                phase_deployments=deps, split_seeds=list(range(args.seeds)), phases=(phase,))
+                    done[key] = bare
+                dep = deps[phase]
+                rows = {n: r["strategies"][n]["phases"].get(phase) for n in strategies}
+                results[key] = {
+                    "workload": wname, "synthetic": bool(trace.meta.synthetic), "trace": str(path.relative_to(REPO)
+                                                                                           if path.is_relative_to(REPO)
+                                                                                           else path),
+                    "profile": pname, "phase": phase, "profile_nodes": prof.phase(phase).nodes, "nodes": nodes,
+                    "cluster": dep.cluster.spec(), "hardware": dep.cluster_preset,
+                    "tokens_per_microbatch": dep.prefill_tokens if phase == "prefill" else dep.decode_running,
+                    "per_gpu": prof.phase(phase).per_gpu, "mode": dep.mode, "rule": dep.rule,
+                    "hidden_size": dep.hidden_size, "num_redundant": r["phase_deployments"][phase]["num_redundant"],
+                    "baseline": r["baseline"].get(phase), "baseline_layer_time_s":
+                        r["baseline_candidates"].get(phase, {}).get(r["baseline"].get(phase)),
+                    "baseline_candidates": r["baseline_candidates"].get(phase),
+                    "microbatch_counts": r["microbatch_counts"][phase], "strategies": rows,
+                    "same_as": same, "seconds": time.perf_counter() - t0, "compare": r}
+                base_t = results[key]["baseline_layer_time_s"] or 0.0
+                said = ", ".join(f"{n} {b['ratio_to_baseline']:.3f} [{b['ci95'][0]:.3f}, {b['ci95'][1]:.3f}]"
+                                 for n, b in rows.items() if b)
+                print(f"{key} on {dep.cluster.spec()}: baseline {results[key]['baseline']} {base_t * 1e6:.1f} us; "
+                      f"{said} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for v in results.values():  # the full compare answers are large; keep what the tables need
+        v.pop("compare")
+    decided_wins = [k for k, v in results.items() for n, b in v["strategies"].items()
+                    if b and n != "eplb" and b["ci95"][1] < 1.0]
+    decided_losses = [k + "/" + n for k, v in results.items() for n, b in v["strategies"].items()
+                      if b and b["ci95"][0] > 1.0]
+    run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "arrival": "mixed (seeded by the split)",
+                          "profiles": profiles, "workloads": wanted, "strategies": strategies},
+               "results": results, "skipped": skipped,
+               "summary": {"settings": len(results), "decided_faster_than_baseline": decided_wins,
+                           "decided_slower_than_baseline": decided_losses}}, args.json)
     return 0
 
 

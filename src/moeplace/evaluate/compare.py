@@ -61,8 +61,8 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
             arrival: str = "table", cost: CostConfig | None = None, batching: BatchConfig | None = None,
             rule: str = DEFAULT_RULE, deployment: Deployment | None = None, *,
             phase_deployments: dict[str, Deployment] | None = None, split_seeds: list[int] | None = None,
-            arrival_seed: int | None = None, min_microbatches: int = MIN_MICROBATCHES, allow_few: bool = False
-            ) -> dict:
+            arrival_seed: int | None = None, min_microbatches: int = MIN_MICROBATCHES, allow_few: bool = False,
+            phases: tuple[str, ...] = ("prefill", "decode")) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
@@ -73,7 +73,8 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
     scored on its own deployment and only its full micro-batches count (at least ``min_microbatches`` per phase
     unless ``allow_few``). ``params``: strategy parameters, each given to the strategies that declare it;
     ``balance_floor`` to those with a floor. ``seed`` seeds the planners; ``split_seeds`` (default ``[seed]``) the
-    splits, ``arrival_seed`` (default: each split's seed) the mixed arrival order.
+    splits, ``arrival_seed`` (default: each split's seed) the mixed arrival order. ``phases``: the phases measured
+    (a bench that fills each phase on its own cluster measures one at a time).
 
     Rows (the first split seed) give the predicted MoE layer time per micro-batch for prefill and decode and each
     strategy's ratio to eplb's; ``phases`` (all split seeds, :mod:`moeplace.evaluate.measure`) the ratio to the
@@ -93,6 +94,10 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
             raise ValueError("compare needs a cluster or per-phase deployments")
         one = PhaseSetup(cluster, cost or CostConfig(), batching or BatchConfig(), rule, deployment)
         setups = {"prefill": one, "decode": one}
+    bad = [p for p in phases if p not in setups]
+    if bad or not phases:
+        raise ValueError(f"compare: phases must be a non-empty subset of {tuple(setups)}, got {phases!r}")
+    setups = {p: setups[p] for p in ("prefill", "decode") if p in phases}
     redundant = {ph: (num_redundant if num_redundant is not None
                       else default_redundant(meta.num_experts, st.cluster.world_size)) for ph, st in setups.items()}
     seeds = list(split_seeds) if split_seeds else [seed]
@@ -110,7 +115,7 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
         return make_plan(n, win.plan_work, cl, R, planned_on=f"{meta.model} planning window", deployment=dep,
                          seed=seed, **kw)
 
-    dec_st = setups["decode"]
+    dec_st = setups.get("decode", setups.get("prefill"))
     out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": dec_st.cluster.spec(),
                  "cluster_hardware": dec_st.cluster.to_json(),
                  "num_redundant": redundant["decode"], "holdout": holdout, "split": split, "seed": seed,
@@ -162,8 +167,10 @@ def legacy_rows(names: list[str], win, dec_st: PhaseSetup, results: dict, plans:
     base_bytes = base["inter_node_bytes"]["total"]
     rows: dict = {}
     for n in names:
-        dec, pre = results["decode"][n].decode.to_json(), results["prefill"][n].prefill.to_json()
-        plan = plans["decode"][n]
+        d_res, p_res = (results.get(ph, results.get(other)) for ph, other in (("decode", "prefill"),
+                                                                            ("prefill", "decode")))
+        dec, pre = d_res[n].decode.to_json(), p_res[n].prefill.to_json()
+        plan = plans.get("decode", plans.get("prefill"))[n]
         row = sim_metrics(dec, base_bytes, pre)
         row["scored_tokens"] = int(base["num_tokens"])
         # per-GPU pictures for the HTML report: load [W] (pairs, summed over layers) and bytes [W, W] (source ->

@@ -36,7 +36,7 @@ from moeplace.placement import Cluster, Plan
 from moeplace.simulate import BatchConfig, CostConfig, SimResult, simulate
 from moeplace.simulate.batching import build_layout
 from moeplace.simulate.result import PhaseResult
-from moeplace.trace.types import DECODE, PREFILL
+from moeplace.trace.types import DECODE, PREFILL, Trace
 
 MIN_MICROBATCHES = 20  # full micro-batches a phase must form to be scored under a profile
 BASELINE_RULES = ("nearest-static", "nearest-least-loaded", "balanced")
@@ -131,12 +131,17 @@ def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
                         res.layer_times("bound_local_time")[mask])
 
 
-def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None) -> SimResult:
-    """Replay the held-out window's scored rows on ``plan`` under ``setup`` (``rule`` overrides its rule)."""
+def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
+             phases: tuple[str, ...] = ("prefill", "decode")) -> SimResult:
+    """Replay the held-out window's scored rows of ``phases`` on ``plan`` under ``setup`` (``rule`` overrides its
+    rule); a phase left out has no micro-batches in the result."""
     homes = held_out_homes(plan, windows.held, windows.held_signal)
     ev = Plan(plan.placement, plan.cluster, homes, plan.strategy)
-    return simulate(scoring_trace(windows.held, windows.held_signal), ev, cost=setup.cost, batching=setup.batching,
-                    rule=rule or setup.rule)
+    tr = scoring_trace(windows.held, windows.held_signal)
+    if set(phases) != set(PHASE_CODES):
+        keep = np.isin(tr.tokens.phase, [PHASE_CODES[p] for p in phases])
+        tr = Trace(tr.meta, tr.requests, tr.tokens.select(keep), None)
+    return simulate(tr, ev, cost=setup.cost, batching=setup.batching, rule=rule or setup.rule)
 
 
 def phase_of(res: SimResult, phase: str) -> PhaseResult:
@@ -173,12 +178,12 @@ def measure_seed(windows: Windows, strategies: list[str], setups: dict[str, Phas
                 progress(f"planning {base} on {st.cluster.spec()} ({'+'.join(phases)})")
             plan = plan_one("eplb", windows, st.cluster, R, st.deployment, kw)
             for rule in BASELINE_RULES:
-                keep(f"{base}/{rule}", score_on(plan, windows, st, rule))
+                keep(f"{base}/{rule}", score_on(plan, windows, st, rule, tuple(phases)))
         for n in strategies:
             if progress:
                 progress(f"planning {n} on {st.cluster.spec()} ({'+'.join(phases)})")
             plan = plan_one(n, windows, st.cluster, R, st.deployment, {})
-            res = score_on(plan, windows, st)
+            res = score_on(plan, windows, st, phases=tuple(phases))
             keep(n, res)
             for ph in phases:
                 results[ph][n], plans[ph][n] = res, plan
