@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 from moeplace.cli import (
     MAX_REDUNDANT,
@@ -17,14 +18,17 @@ from moeplace.cli import (
 )
 from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
 from moeplace.deploy import TIME_PARAMS
-from moeplace.evaluate import DEFAULT_PREFIX_TOKENS, format_table, run_compare
 from moeplace.io import atomic_write_json
 from moeplace.params import Param
-from moeplace.placement import Plan
-from moeplace.plan import MOE_STRATEGIES, STRATEGIES, Workload, get_strategy, make_plan
-from moeplace.plan.base import workload_from_trace
-from moeplace.plan.export import EXPORTERS, MAX_DECODER_LAYERS, layers_of_trace
-from moeplace.plan.loadfile import read_load
+from moeplace.plan.export import EXPORTERS, MAX_DECODER_LAYERS
+from moeplace.plan.registry import DEFAULT_PREFIX_TOKENS, MOE_STRATEGIES, STRATEGIES, get_strategy
+
+if TYPE_CHECKING:
+    from moeplace.placement import Plan
+    from moeplace.plan.base import Workload
+
+# Building the parser imports no planner, simulator or numpy (tests/test_start_time.py): the registries above are
+# light, and each command imports what it runs.
 
 FLAG_ALIASES = {"num_groups": "--groups"}  # the flag a parameter had before the registry declared it
 
@@ -33,7 +37,11 @@ def workload_from_path(trace: str | None, load: str | None, prefix_tokens: int) 
     """(workload, planned_on, trace meta extras) from a trace directory or a load file."""
     if (trace is None) == (load is None):
         raise CliError("give either a TRACE or --load LOAD.json")
+    from moeplace.plan.base import Workload, workload_from_trace
+
     if load is not None:
+        from moeplace.plan.loadfile import read_load
+
         return Workload(read_load(load)), str(load), {}
     work, info = workload_from_trace(trace, prefix_tokens)
     return work, str(trace), info
@@ -105,12 +113,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     if not args.strategy or not args.cluster or not args.out:
         raise CliError("--strategy, --cluster and --out are required (or --list)")
+    from moeplace.plan import make_plan
+
     dep = deployment_from_args(args)
     kw = _params(args, [args.strategy])
     work, planned_on, _ = workload_from_path(args.trace, args.load, args.prefix_tokens)
     plan = make_plan(args.strategy, work, dep.cluster, args.redundant, planned_on=planned_on, deployment=dep,
                      seed=args.seed, **kw)
     if args.trace:  # the model's layer layout travels with the plan, so an SGLang export needs no --trace
+        from moeplace.plan.export import layers_of_trace
         from moeplace.trace.reader import read_meta
 
         plan = dataclasses.replace(plan, model_layers=layers_of_trace(read_meta(args.trace)))
@@ -123,6 +134,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from moeplace.evaluate import format_table, run_compare
     from moeplace.trace import read_trace
 
     dep = deployment_from_args(args)
@@ -167,7 +179,8 @@ EXPORT_FLAGS = (("trace", "--trace", "moe_layer_map"), ("num_decoder_layers", "-
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from moeplace.plan.export import export_plan, get_exporter
+    from moeplace.placement import Plan
+    from moeplace.plan.export import export_plan, get_exporter, layers_of_trace
 
     takes = {p.name for p in get_exporter(args.format).params}
     for dest, flag, param in EXPORT_FLAGS:

@@ -6,10 +6,12 @@ import argparse
 
 from moeplace.cli import float_in, int_in, output_dir
 from moeplace.deploy import MODEL_PRESETS
-from moeplace.simulate.synth import SynthConfig, synthesize
+from moeplace.simulate.synth_config import SynthConfig
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    from moeplace.simulate.synth import synthesize
+
     mix = tuple(float(x) for x in args.domain_mix.split(",")) if args.domain_mix else None
     cfg = SynthConfig(num_requests=args.requests, prompt_len=args.prompt_len, gen_len=args.gen_len,
                       length_jitter=args.length_jitter, load_skew=args.load_skew, num_domains=args.domains,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_ROUND = 64  # requests admitted per scheduling round
+from moeplace.placement.config import DEFAULT_ROUND  # requests admitted per scheduling round
 
 
 def normalise_rows(x: np.ndarray) -> np.ndarray:

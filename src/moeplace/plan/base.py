@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moeplace.placement import BalanceOutcome, Cluster, CostModel, Fallback, check_slot_count
+from moeplace.plan.registry import DEFAULT_PREFIX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def load_from_tokens(expert_ids: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def workload_from_tokens(request_id: np.ndarray, phase: np.ndarray, expert_ids: np.ndarray, num_experts: int,
-                         prefix_tokens: int = 32) -> Workload:
+                         prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> Workload:
     """Build a Workload from token rows (request_id [T], phase [T] 0 prefill / 1 decode, expert_ids [T, L, K]).
 
     Signal rows are the prefill rows. A request with no prefill rows (decode-only traces such as gpt-oss-20b)
@@ -193,7 +194,7 @@ def ideal_gpu_load(phy2log: np.ndarray, load: np.ndarray, num_gpus: int) -> np.n
     return per_slot.reshape(L, num_gpus, P // num_gpus).sum(axis=2)
 
 
-def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = 32) -> tuple[Workload, dict]:
+def workload_from_trace(trace: str | os.PathLike, prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> tuple[Workload, dict]:
     """(workload, {"moe_layer_map", "model"}) of a trace directory: per-token rows when it has them, else the
     counts-only load."""
     from moeplace.trace.reader import read_trace

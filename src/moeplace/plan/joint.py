@@ -43,15 +43,13 @@ from moeplace.plan.base import StrategyResult, Workload, check_sizes
 from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
 from moeplace.plan.joint_time import plan_joint_time
+from moeplace.plan.registry import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS, PENALTY
 from moeplace.simulate import routing
 from moeplace.simulate.batching import DECODE_WINDOW_SHIFT
 from moeplace.simulate.routing import mean_balancedness
 from moeplace.simulate.simulator import route_load
 
-DEFAULT_BALANCE_FLOOR = 0.95
 MAX_FOLD_CELLS = 1 << 17  # folds * W * E per layer at most (fold loads of the robust balance term)
-PENALTY = 4.0  # sends one unit of load above the cap is worth (per layer, in sample units)
-DEFAULT_SEARCH_EVALS = 4_000  # moves evaluated per layer over all local searches (work, not seconds)
 
 
 # --------------------------------------------------------------------------------------------------- replica rule
