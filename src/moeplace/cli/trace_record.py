@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from moeplace.cli import device_spec, int_in, output_dir
-from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
+from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, DEFAULT_PREFILL_BATCH_TOKENS, ROUTER_CLASSES
 
 EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
@@ -18,6 +18,13 @@ EPILOG = """examples:
   moeplace trace record --model src/moeplace/data/reference-fg \
       --prompts src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 33 --min-new-tokens 33 \
       --no-weights --sample-every 2 --batch-size 64 reference-fg.trace
+  moeplace trace record --model src/moeplace/data/reference-fg \
+      --prompts src/moeplace/data/reference-fg/heldout_prompts.jsonl --max-new-tokens 0 --no-weights prefill.trace
+
+--max-new-tokens 0 records the prompts' prefill only, without generate: plain forwards of length-sorted,
+right-padded batches of at most --batch-tokens padded tokens (and --batch-size sequences, if given), with the
+same rows the generate path records for the prompt tokens, and faster (measured in docs/CAPTURE.md).
+scripts/prefill_trace.py builds a large held-out prefill trace of a reference model this way.
 
 PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain", "subdomain" and "source" optional;
 without "source", a row with a "subdomain" is recorded with source "<domain>/<subdomain>", e.g. "code/c").
@@ -83,12 +90,24 @@ def check_device(device: str) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from moeplace.trace.capture import load_prompts, prompt_source, record_generate, trace_meta  # imports torch
+    from moeplace.trace.capture import (  # imports torch
+        load_prompts,
+        prompt_source,
+        record_generate,
+        record_prefill,
+        trace_meta,
+    )
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.batch_size < 1:
+    prefill_only = args.max_new_tokens == 0
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_tokens < 1:
+        raise ValueError(f"--batch-tokens must be >= 1, got {args.batch_tokens}")
+    if args.batch_tokens != DEFAULT_PREFILL_BATCH_TOKENS and not prefill_only:
+        raise ValueError("--batch-tokens applies to --max-new-tokens 0 only (generate batches are --batch-size "
+                         "requests)")
     if args.sample_every < 1:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
     if args.min_new_tokens > args.max_new_tokens:
@@ -105,6 +124,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     check_device(args.device)
     model, tokenizer, name = _load_model(args.model, args.device, args.dtype)
     meta = trace_meta(model, sample_every=args.sample_every, model_name=name, record_weights=not args.no_weights)
+    if prefill_only:
+        meta.extra["phases"] = ("prefill only: --max-new-tokens 0, batched forwards without generate "
+                                "(moeplace.trace.capture.record_prefill)")
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
     from moeplace.trace.writer import TraceWriter
 
@@ -112,14 +134,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         with TraceWriter(args.out, meta, overwrite=args.overwrite, inputs=inputs) as w:
-            s = record_generate(
-                model, tokenizer, [r["prompt"] for r in rows], w,
-                domains=[r.get("domain") or "unknown" for r in rows],
-                sources=[prompt_source(r) or default_source for r in rows],
-                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=True,
-                flush_every=args.flush_every, max_requests=args.max_requests,
-                generate_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
-            )
+            common = dict(domains=[r.get("domain") or "unknown" for r in rows],
+                          sources=[prompt_source(r) or default_source for r in rows], progress=True,
+                          flush_every=args.flush_every, max_requests=args.max_requests)
+            if prefill_only:
+                s = record_prefill(model, tokenizer, [r["prompt"] for r in rows], w, batch_tokens=args.batch_tokens,
+                                   batch_size=args.batch_size, **common)
+            else:
+                s = record_generate(
+                    model, tokenizer, [r["prompt"] for r in rows], w,
+                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size or 8,
+                    generate_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
+                    **common,
+                )
     except _Terminated:
         print(f"moeplace trace record: terminated; the requests flushed so far are in {args.out} "
               "(marked incomplete)", file=sys.stderr)
@@ -127,8 +154,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     foe = f", FoE groups H={meta.foe_groups}" if meta.foe_groups > 1 else ""
+    rate = f", {s['prefill_tokens'] / s['seconds']:,.0f} prompt tokens/s" if prefill_only and s["seconds"] > 0 else ""
     print(f"recorded {s['requests']} requests ({s['prefill_tokens']} prefill + {s['decode_tokens']} decode tokens; "
-          f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}{foe}) in {s['seconds']:.1f} s -> {args.out}")
+          f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}{foe}) in {s['seconds']:.1f} s{rate} "
+          f"-> {args.out}")
     return 0
 
 
@@ -137,20 +166,25 @@ def register(tsub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser(
         "record", help="record routing from a local Hugging Face MoE model",
         description="Run prompts through model.generate (greedy, left-padded batches) and record every token's "
-                    "routed experts per MoE layer, with prefill and decode told apart.",
+                    "routed experts per MoE layer, with prefill and decode told apart; with --max-new-tokens 0, "
+                    "record the prefill only, through batched forwards (no generate).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, metavar="DIR",
                    help="local Hugging Face model directory (loaded offline), or 'reference'")
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="JSONL prompt file, or 'builtin' (the reference prompt set)")
-    p.add_argument("--max-new-tokens", type=int_in(1, 1 << 20), required=True, metavar="N",
-                   help="tokens to generate per request")
+    p.add_argument("--max-new-tokens", type=int_in(0, 1 << 20), required=True, metavar="N",
+                   help="tokens to generate per request; 0: prefill only, batched forwards without generate")
     p.add_argument("--min-new-tokens", type=int_in(0, 1 << 20), default=0, metavar="N",
                    help="generate at least N tokens (EOS is masked until then, as transformers' min_new_tokens "
                         "and a serving benchmark's ignore-eos do; default 0: stop at EOS)")
-    p.add_argument("--batch-size", type=int_in(1, 4096), default=8, metavar="B",
-                   help="requests per generate call (default 8)")
+    p.add_argument("--batch-size", type=int_in(1, 4096), default=None, metavar="B",
+                   help="requests per generate call (default 8); with --max-new-tokens 0, at most B requests per "
+                        "forward (default: as many as --batch-tokens allows)")
+    p.add_argument("--batch-tokens", type=int_in(1, 1 << 24), default=DEFAULT_PREFILL_BATCH_TOKENS, metavar="N",
+                   help="--max-new-tokens 0 only: padded tokens per forward (requests sorted by length; default "
+                        f"{DEFAULT_PREFILL_BATCH_TOKENS}, the fastest on a 2-core CPU; raise it on a GPU)")
     p.add_argument("--sample-every", type=int_in(1, 1 << 20), default=1, metavar="n",
                    help="record 1 in n requests, chosen by request id (default 1: all)")
     p.add_argument("--max-requests", type=int_in(1, 1 << 30), default=None, metavar="N",

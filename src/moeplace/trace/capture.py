@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, ROUTER_CLASSES
+from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, DEFAULT_PREFILL_BATCH_TOKENS, ROUTER_CLASSES
 from moeplace.trace.types import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta
 from moeplace.trace.writer import TraceWriter
 
@@ -180,6 +180,19 @@ def sample_mask(request_ids: Sequence[int] | np.ndarray, sample_every: int) -> n
 # --------------------------------------------------------------------------------------------------- recorder
 
 
+def check_writer(model: torch.nn.Module, writer: TraceWriter, record_weights: bool) -> None:
+    """ValueError when ``writer.meta`` does not fit ``model`` (L, E, k) or wants weights that are not recorded."""
+    meta = trace_meta(model)
+    wm = writer.meta
+    if (wm.num_layers, wm.num_experts, wm.top_k) != (meta.num_layers, meta.num_experts, meta.top_k):
+        raise ValueError(
+            f"writer metadata (L={wm.num_layers}, E={wm.num_experts}, k={wm.top_k}) does not match the "
+            f"model (L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k})"
+        )
+    if wm.has_weights and not record_weights:
+        raise ValueError("writer metadata has has_weights=True but record_weights=False")
+
+
 @dataclass
 class CapturedBatch:
     """What one batch produced: token rows of the sampled requests and their request rows."""
@@ -239,15 +252,7 @@ class RoutingRecorder:
         self.record_weights = record_weights
         self.writer = writer
         if writer is not None:
-            meta = trace_meta(model, sample_every)
-            wm = writer.meta
-            if (wm.num_layers, wm.num_experts, wm.top_k) != (meta.num_layers, meta.num_experts, meta.top_k):
-                raise ValueError(
-                    f"writer metadata (L={wm.num_layers}, E={wm.num_experts}, k={wm.top_k}) does not match the "
-                    f"model (L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k})"
-                )
-            if wm.has_weights and not record_weights:
-                raise ValueError("writer metadata has has_weights=True but record_weights=False")
+            check_writer(model, writer, record_weights)
         eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
         self.eos_token_ids = np.asarray(list(eos), dtype=np.int64)
         self._multi_device = len({p.device for _, _, r in self.routers for p in r.parameters()}) > 1
@@ -551,6 +556,50 @@ def _tokenize(tokenizer, prompts: Sequence) -> list[list[int]]:
     return out
 
 
+def _select_requests(caller: str, model, tokenizer, prompts, writer: TraceWriter, domains, request_ids, sources,
+                     flush_every: int | None, max_requests: int | None, max_new_tokens: int):
+    """Check the arguments shared by :func:`record_generate` and :func:`record_prefill`; tokenize the sampled
+    requests. Returns (request ids [R], domains [R], sources [R], chosen indices, token lists of chosen, n)."""
+    R = len(prompts)
+    if R == 0:
+        raise ValueError(f"{caller}: no prompts")
+    if flush_every is not None and flush_every < 1:
+        raise ValueError(f"flush_every must be >= 1, got {flush_every}")
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+    rids = np.arange(R, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
+    dom = ["unknown"] * R if domains is None else list(domains)
+    src = [""] * R if sources is None else list(sources)
+    for name, v in (("request_ids", rids), ("domains", dom), ("sources", src)):
+        if len(v) != R:
+            raise ValueError(f"{caller}: {name} has {len(v)} entries, prompts has {R}")
+    if len(np.unique(rids)) != R:
+        raise ValueError(f"{caller}: request_ids repeat")
+    rate = float(writer.meta.sampling_rate)
+    sample_every = int(round(1.0 / rate))
+    if abs(1.0 / sample_every - rate) > 1e-9:
+        raise ValueError(f"writer sampling_rate {rate} is not 1/n for an integer n")
+    chosen = np.flatnonzero(sample_mask(rids, sample_every))[:max_requests]
+    ids = _tokenize(tokenizer, [prompts[i] for i in chosen])
+    max_pos = getattr(_text_config(model), "max_position_embeddings", None)
+    if isinstance(max_pos, int) and max_pos > 0:
+        for j, t in enumerate(ids):
+            if len(t) + max_new_tokens > max_pos:
+                raise ValueError(f"request {int(rids[chosen[j]])}: prompt of {len(t)} tokens + max_new_tokens "
+                                 f"{max_new_tokens} exceeds the model's {max_pos} positions "
+                                 "(max_position_embeddings); shorten the prompt or lower max_new_tokens")
+    return rids, dom, src, chosen, ids, sample_every
+
+
+def _pad_id(model, tokenizer, eos: list[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    if pad is None:
+        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    return int(pad)
+
+
 def record_generate(
     model: torch.nn.Module,
     tokenizer,
@@ -584,44 +633,16 @@ def record_generate(
     leaves them out: ids only, about a quarter of the bytes).
     Returns a summary: requests, prefill_tokens, decode_tokens, seconds.
     """
-    R = len(prompts)
-    if R == 0:
-        raise ValueError("record_generate: no prompts")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens} (record_prefill records prompts "
+                         "without generating)")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if flush_every is not None and flush_every < 1:
-        raise ValueError(f"flush_every must be >= 1, got {flush_every}")
-    if max_requests is not None and max_requests < 1:
-        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-    rids = np.arange(R, dtype=np.int64) if request_ids is None else np.asarray(request_ids, dtype=np.int64)
-    dom = ["unknown"] * R if domains is None else list(domains)
-    src = [""] * R if sources is None else list(sources)
-    for name, v in (("request_ids", rids), ("domains", dom), ("sources", src)):
-        if len(v) != R:
-            raise ValueError(f"record_generate: {name} has {len(v)} entries, prompts has {R}")
-    if len(np.unique(rids)) != R:
-        raise ValueError("record_generate: request_ids repeat")
-    rate = float(writer.meta.sampling_rate)
-    sample_every = int(round(1.0 / rate))
-    if abs(1.0 / sample_every - rate) > 1e-9:
-        raise ValueError(f"writer sampling_rate {rate} is not 1/n for an integer n")
-    chosen = np.flatnonzero(sample_mask(rids, sample_every))[:max_requests]
-    ids = _tokenize(tokenizer, [prompts[i] for i in chosen])
-    max_pos = getattr(_text_config(model), "max_position_embeddings", None)
-    if isinstance(max_pos, int) and max_pos > 0:
-        for j, t in enumerate(ids):
-            if len(t) + max_new_tokens > max_pos:
-                raise ValueError(f"request {int(rids[chosen[j]])}: prompt of {len(t)} tokens + max_new_tokens "
-                                 f"{max_new_tokens} exceeds the model's {max_pos} positions "
-                                 "(max_position_embeddings); shorten the prompt or lower max_new_tokens")
+    rids, dom, src, chosen, ids, sample_every = _select_requests(
+        "record_generate", model, tokenizer, prompts, writer, domains, request_ids, sources, flush_every,
+        max_requests, max_new_tokens)
     eos = _resolve_eos(model, tokenizer, eos_token_id)
-    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-    if pad is None:
-        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
-    if pad is None:
-        pad = eos[0] if eos else 0
+    pad = _pad_id(model, tokenizer, eos)
     device = next(model.parameters()).device
     gen_kw = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
                   eos_token_id=eos if eos else None)
@@ -668,6 +689,154 @@ def record_generate(
             bar.close()
     return dict(requests=int(len(chosen)), prefill_tokens=n_pre, decode_tokens=n_dec,
                 seconds=time.perf_counter() - t0)
+
+
+def prefill_batches(lengths: Sequence[int] | np.ndarray, batch_tokens: int,
+                    batch_size: int | None = None) -> list[np.ndarray]:
+    """Indices into ``lengths`` [R] grouped into forwards: longest first, each forward at most ``batch_size``
+    sequences and ``batch_tokens`` padded tokens (sequences x its longest length; a prompt longer than
+    ``batch_tokens`` gets a forward of its own). Sorting by length keeps the padding small."""
+    n = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-n, kind="stable")
+    out, cur, width = [], [], 0
+    for i in order:
+        if cur and ((len(cur) + 1) * width > batch_tokens or (batch_size is not None and len(cur) >= batch_size)):
+            out.append(np.asarray(cur))
+            cur = []
+        if not cur:
+            width = int(n[i])
+        cur.append(int(i))
+    if cur:
+        out.append(np.asarray(cur))
+    return out
+
+
+def _forward_kwargs(model: torch.nn.Module) -> dict:
+    """What a prefill-only forward can leave out: the KV cache, logits beyond one column, router logits."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    kw = {}
+    if "use_cache" in params:
+        kw["use_cache"] = False
+    if "logits_to_keep" in params:
+        kw["logits_to_keep"] = 1
+    if "output_router_logits" in params:
+        kw["output_router_logits"] = False  # no auxiliary loss either; the routers run the same
+    return kw
+
+
+def _merge_batches(parts: list[CapturedBatch]) -> CapturedBatch:
+    """One CapturedBatch from several, requests and token rows in request-id order (positions stay ascending)."""
+    rid = np.concatenate([c.request_id for c in parts])
+    order = np.argsort(rid, kind="stable")
+    t = [c.tokens for c in parts]
+    trid = np.concatenate([c.request_id for c in t])
+    torder = np.argsort(trid, kind="stable")  # each request's rows come from one forward, in position order
+    w = None if t[0].expert_weights is None else np.concatenate([c.expert_weights for c in t])[torder]
+    tokens = TokenChunk(trid[torder], np.concatenate([c.position for c in t])[torder],
+                        np.concatenate([c.phase for c in t])[torder],
+                        np.concatenate([c.expert_ids for c in t])[torder], w)
+    dom = [d for c in parts for d in c.domain]
+    src = [x for c in parts for x in c.source]
+    return CapturedBatch(tokens=tokens, request_id=rid[order], domain=[dom[i] for i in order],
+                         source=[src[i] for i in order],
+                         prompt_len=np.concatenate([c.prompt_len for c in parts])[order],
+                         gen_len=np.concatenate([c.gen_len for c in parts])[order])
+
+
+def record_prefill(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    writer: TraceWriter,
+    domains: Sequence[str] | None = None,
+    request_ids: Sequence[int] | None = None,
+    sources: Sequence[str] | None = None,
+    batch_tokens: int = DEFAULT_PREFILL_BATCH_TOKENS,
+    batch_size: int | None = None,
+    progress: bool = False,
+    flush_every: int | None = DEFAULT_FLUSH_EVERY,
+    max_requests: int | None = None,
+) -> dict:
+    """Record the prefill routing of ``prompts`` with plain batched forwards (no ``generate``, no decode).
+
+    Same arguments and guarantees as :func:`record_generate` (sampling from ``writer.meta``, ``max_requests``,
+    refusal of prompts longer than ``max_position_embeddings``, flushes, weights), but every request gets prefill
+    rows only (``gen_len`` 0). The requests are taken in windows of ``flush_every`` (default 32; None: 256, and
+    the writer flushes when its shard is full); inside a window they are sorted by length and cut into forwards of
+    at most ``batch_size`` sequences and ``batch_tokens`` padded tokens (:func:`prefill_batches`), right-padded
+    with an attention mask, so a real token attends only to its own earlier tokens and sits at its own position:
+    the rows equal those the generate path records for the same prompts (tests/test_trace_record_prefill.py). The
+    window's rows are written in request-id order and flushed, so a kill loses at most one window. Each forward
+    skips the KV cache and all logits but one column (when the model's forward takes ``use_cache`` /
+    ``logits_to_keep``). ``progress`` shows a bar on stderr with prompt tokens done, elapsed time, the estimated
+    time left and the rate. Returns a summary: requests, prefill_tokens, decode_tokens (0), seconds, forwards.
+    """
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    rids, dom, src, chosen, ids, sample_every = _select_requests(
+        "record_prefill", model, tokenizer, prompts, writer, domains, request_ids, sources, flush_every,
+        max_requests, 0)
+    pad = _pad_id(model, tokenizer, _resolve_eos(model, tokenizer, None))
+    device = next(model.parameters()).device
+    fwd_kw = _forward_kwargs(model)
+    window = flush_every if flush_every is not None else 256
+    lengths = np.asarray([len(t) for t in ids], dtype=np.int64)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=int(lengths.sum()), unit="tok", unit_scale=True, desc="recording prefill",
+                   dynamic_ncols=True, bar_format="{desc} {n_fmt}/{total_fmt} tokens |{bar}| {elapsed} elapsed, "
+                                                  "ETA {remaining} ({rate_fmt}){postfix}")
+    n_pre = n_req = forwards = 0
+    t0 = time.perf_counter()
+    try:
+        with RoutingRecorder(model, writer=None, sample_every=sample_every,
+                             record_weights=bool(writer.meta.has_weights)) as rec:
+            check_writer(model, writer, rec.record_weights)
+            for w0 in range(0, len(chosen), window):
+                parts = []
+                for b in prefill_batches(lengths[w0:w0 + window], batch_tokens, batch_size):
+                    pos = w0 + b  # indices into chosen / ids
+                    toks = [ids[j] for j in pos]
+                    width = max(len(t) for t in toks)
+                    inp = torch.full((len(toks), width), pad, dtype=torch.long)
+                    mask = torch.zeros((len(toks), width), dtype=torch.long)
+                    for r, t in enumerate(toks):  # right padding: the prompt starts at column 0
+                        inp[r, :len(t)] = torch.tensor(t)
+                        mask[r, :len(t)] = 1
+                    idx = chosen[pos]
+                    rec.begin_batch(rids[idx], [dom[i] for i in idx], [src[i] for i in idx], prompt_width=width)
+                    with torch.no_grad():
+                        model(input_ids=inp.to(device), attention_mask=mask.to(device), **fwd_kw)
+                    parts.append(rec.end_batch())
+                    forwards += 1
+                    if bar is not None:
+                        bar.update(int(lengths[pos].sum()))
+                cb = _merge_batches(parts)
+                with signals_held():  # a SIGTERM here would leave a request row without its tokens
+                    writer.add_requests(cb.request_id, cb.domain, cb.source, cb.prompt_len, cb.gen_len)
+                    t = cb.tokens
+                    writer.add_tokens(t.request_id, t.position, t.phase, t.expert_ids,
+                                      t.expert_weights if writer.meta.has_weights else None)
+                    if flush_every is not None:
+                        writer.flush()  # a kill from here on loses nothing recorded so far
+                n_pre += int(cb.prompt_len.sum())
+                n_req += len(cb.request_id)
+                if bar is not None:
+                    bar.set_postfix_str(f"{n_req:,}/{len(chosen):,} requests", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    return dict(requests=int(len(chosen)), prefill_tokens=n_pre, decode_tokens=0,
+                seconds=time.perf_counter() - t0, forwards=forwards)
 
 
 # --------------------------------------------------------------------------------------------------- prompt files

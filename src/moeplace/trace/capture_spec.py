@@ -12,3 +12,5 @@ ROUTER_CLASSES = (
     "GptOssTopKRouter",
 )
 DEFAULT_FLUSH_EVERY = 32  # requests between shard flushes in record_generate: what a kill -9 can lose
+DEFAULT_PREFILL_BATCH_TOKENS = 1024  # padded tokens per forward of record_prefill (--max-new-tokens 0): the
+# fastest of 256..4096 measured on the 2-core development machine (docs/CAPTURE.md); raise it on a GPU
