@@ -54,7 +54,7 @@ def test_profile_deployments_and_overrides():
     assert d["prefill"].cluster.spec() == "4x8" and d["decode"].cluster.spec() == "16x8"
     assert d["prefill"].prefill_tokens == 16384 * 32 and d["decode"].decode_running == 128 * 128
     assert (d["prefill"].mode, d["decode"].mode) == ("deepep-normal", "deepep-ll")
-    with pytest.raises(ValueError, match="choose one with --phase"):
+    with pytest.raises(ValueError, match="choose one with --profile-phase"):
         merged_deployment(p, d)
     # an explicit node count keeps the per-GPU sizes; an explicit total wins
     o = phase_deployments(p, cluster="2", prefill_tokens=1000)

@@ -35,3 +35,43 @@ def test_unknown_profile_and_bad_phase_are_refused():
         get_profile("nope")
     with pytest.raises(ValueError, match="positive integer"):
         PhaseProfile(0, "h200-8", 1, "deepep-ll")
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+def test_profiles_command_lists_and_shows(capsys):
+    from moeplace.cli import main
+
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for name in PROFILES:
+        assert name in out
+    assert main(["profiles", "deepseek-v3-published"]) == 0
+    out = capsys.readouterr().out
+    assert "EP32" in out and "EP128" in out and "sources:" in out and "16,384 prompt tokens per GPU" in out
+    assert main(["profiles", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown profile 'nope'" in err and err.count("\n") == 1
+
+
+def test_simulate_with_a_profile_and_an_override(capsys, tmp_path):
+    import json
+
+    from moeplace.cli import main
+
+    trace = "src/moeplace/data/reference-fg.trace"
+    out = tmp_path / "s.json"
+    # --cluster 2 overrides the node count only: 2 x 8 H200, decode running 128 per GPU -> 2,048
+    assert main(["simulate", trace, "--profile", "vllm-gpt-oss-ep32", "--cluster", "2", "--redundant", "16",
+                 "--json", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "on 2x8" in said and "profile vllm-gpt-oss-ep32" in said
+    j = json.loads(out.read_text())
+    assert j["batching"]["decode_running"] == 2048 and j["batching"]["prefill_tokens"] == 8192 * 16
+    assert j["cost"]["hidden_size"] == 2880 and j["cost"]["intermediate_size"] == 2880
+    # a profile whose phases run on different clusters needs a pool
+    assert main(["simulate", trace, "--profile", "deepseek-v3-published", "--redundant", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--profile-phase" in err and err.count("\n") == 1
+    assert main(["simulate", trace, "--profile-phase", "decode", "--cluster", "1x8"]) == 2
+    assert "--profile-phase needs --profile" in capsys.readouterr().err

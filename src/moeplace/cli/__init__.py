@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "moeplace.cli.simulate_cmd",
     "moeplace.cli.predict_cmd",
     "moeplace.cli.analyze_cmd",
+    "moeplace.cli.profiles_cmd",
     "moeplace.cli.plan_cmd",
     "moeplace.cli.run_cmd",
     "moeplace.cli.operate_cmd",

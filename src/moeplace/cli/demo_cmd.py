@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=output_dir, default="out/demo",
                    help="folder for the demo's reports (default: out/demo)")
     p.add_argument("--trace", default=None, help="trace to run on (default: the bundled default trace)")
-    add_deployment_options(p, cluster_default=DEFAULT_CLUSTER)
+    add_deployment_options(p, cluster_default=DEFAULT_CLUSTER, profiles=False)
     p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=8,
                    help="redundant slots per layer (default: 8)")
     p.add_argument("--strategies", default=None, help="comma-separated strategies to compare (default: all)")

@@ -111,14 +111,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(describe_strategy(n) for n in STRATEGIES))
         return 0
-    if not args.strategy or not args.cluster or not args.out:
-        raise CliError("--strategy, --cluster and --out are required (or --list)")
+    if not args.strategy or not (args.cluster or args.profile) or not args.out:
+        raise CliError("--strategy, --cluster (or --profile) and --out are required (or --list)")
     from moeplace.plan import make_plan
 
     dep = deployment_from_args(args)
     kw = _params(args, [args.strategy])
     work, planned_on, _ = workload_from_path(args.trace, args.load, args.prefix_tokens)
-    plan = make_plan(args.strategy, work, dep.cluster, args.redundant, planned_on=planned_on, deployment=dep,
+    R = args.redundant
+    if R is None:  # a profile's default: one redundant slot per GPU, rounded up to fill every GPU evenly
+        from moeplace.deploy.profiles import default_redundant
+
+        R = default_redundant(work.num_experts, dep.cluster.world_size) if args.profile else 0
+    plan = make_plan(args.strategy, work, dep.cluster, R, planned_on=planned_on, deployment=dep,
                      seed=args.seed, **kw)
     if args.trace:  # the model's layer layout travels with the plan, so an SGLang export needs no --trace
         from moeplace.plan.export import layers_of_trace
@@ -134,10 +139,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from moeplace.cli.options import phase_deployments_from_args
     from moeplace.evaluate import format_table, run_compare
+    from moeplace.evaluate.measure import format_phases
     from moeplace.trace import read_trace
 
-    dep = deployment_from_args(args)
+    deps = phase_deployments_from_args(args)  # a profile: one deployment per phase (its own pool)
+    dep = deployment_from_args(args) if deps is None else None
     names = args.strategies.split(",") if args.strategies else list(MOE_STRATEGIES)
     for n in names:
         get_strategy(n)
@@ -153,14 +161,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"  {msg} ...", flush=True)
 
-    res = run_compare(read_trace(args.trace), dep.cluster, args.redundant, names, args.holdout, args.split,
-                      args.seed, args.prefix_tokens, params.pop("balance_floor", None), params, progress=say,
-                      arrival=args.arrival, floors=floors, plot=args.plot, cost=cost_config(dep),
-                      batching=batch_config(dep), rule=dep.rule, deployment=dep)
-    print(f"{res['trace']} on {res['cluster']}, R={res['num_redundant']}: planned on {res['planning_requests']} "
-          f"requests, scored on {res['held_out_requests']} held-out requests ({res['scored_tokens']} decode tokens, "
-          f"arrival order: {res['arrival']})")
+    seeds = [args.split_seed + i for i in range(args.split_seeds)]
+    measure = {"phase_deployments": deps, "split_seeds": seeds, "arrival_seed": args.arrival_seed,
+               "allow_few": args.allow_few}
+    if args.min_microbatches is not None:
+        measure["min_microbatches"] = args.min_microbatches
+    scoring = ({} if dep is None else
+               {"cost": cost_config(dep), "batching": batch_config(dep), "rule": dep.rule, "deployment": dep})
+    R = 0 if args.redundant is None and deps is None else args.redundant  # None + a profile: per-phase default
+    res = run_compare(read_trace(args.trace), None if dep is None else dep.cluster, R, names, args.holdout,
+                      args.split, args.seed, args.prefix_tokens, params.pop("balance_floor", None), params,
+                      progress=say, arrival=args.arrival, floors=floors, plot=args.plot, **scoring, **measure)
+    where = ", ".join(f"{ph} {d['cluster']} R={d['num_redundant']}" for ph, d in res["phase_deployments"].items())
+    prof = f" (profile {res['profile']})" if res.get("profile") else ""
+    print(f"{res['trace']} on {where}{prof}: planned on {res['planning_requests']} requests, scored on "
+          f"{res['held_out_requests']} held-out requests (split seed {seeds[0]}: {res['scored_tokens']} decode "
+          f"tokens; arrival order: {res['arrival']})")
     print(format_table(res))
+    print()
+    print(format_phases(res))
     if args.plot:
         print(f"wrote {args.plot} (frontier plot)")
     if args.json:
@@ -205,10 +224,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     add_deployment_options(p)
-    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=0,
-                   help="redundant slots per layer R (default 0; at most E * (W - 1))")
+    p.add_argument("--redundant", type=int_in(0, MAX_REDUNDANT), default=None,
+                   help="redundant slots per layer R (default 0, with --profile one per GPU rounded up so that "
+                        "E + R slots fill every GPU evenly; at most E * (W - 1))")
     p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0,
-                   help="random seed of the split and of the strategies that take one (default 0)")
+                   help="random seed of the strategies that take one (default 0)")
     p.add_argument("--prefix-tokens", type=int_in(0, 1 << 20), default=DEFAULT_PREFIX_TOKENS,
                    help="requests without prefill use their first N decode tokens as the grouping signal "
                         f"(default {DEFAULT_PREFIX_TOKENS})")
@@ -270,6 +290,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write a self-contained HTML report here: the frontier (time, bytes, balancedness), per-GPU "
                         "load bars and traffic heatmaps of every strategy")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
+    m = c.add_argument_group("measurement", "seeds, intervals and how many micro-batches a phase needs "
+                             "(docs/EVALUATION.md)")
+    m.add_argument("--split-seed", type=int_in(0, 2**32 - 1), default=0,
+                   help="seed of the first planning/held-out split (default 0)")
+    m.add_argument("--split-seeds", type=int_in(1, 1000), default=5,
+                   help="random splits measured, seeds --split-seed, +1, ...: the ratios' 95%% intervals resample "
+                        "them and their micro-batches (default 5; the table rows show the first)")
+    m.add_argument("--arrival-seed", type=int_in(0, 2**32 - 1), default=None,
+                   help="seed of the mixed arrival order (default: each split's seed)")
+    m.add_argument("--min-microbatches", type=int_in(1, 1 << 20), default=None,
+                   help="with --profile: full micro-batches a phase must form to be scored (default 20)")
+    m.add_argument("--allow-few", action="store_true",
+                   help="with --profile: score a phase that forms fewer full micro-batches, every micro-batch of it")
     _common(c)
     c.set_defaults(func=cmd_compare, check=_check_compare)
 
@@ -294,7 +327,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_compare(args: argparse.Namespace) -> None:
-    if not args.cluster:
-        raise CliError("--cluster is required, e.g. --cluster 4x2")
+    if not args.cluster and not args.profile:
+        raise CliError("--cluster (e.g. --cluster 4x2) or --profile NAME is required")
+    if args.profile_phase:
+        raise CliError("--profile-phase does not apply to compare: it measures every phase on its own pool")
+    if (args.allow_few or args.min_microbatches is not None) and not args.profile:
+        raise CliError("--allow-few and --min-microbatches apply with --profile (its batch sizes decide what is "
+                       "full); without one every micro-batch is scored")
     if args.plot and not args.sweep_floor:
         raise CliError("--plot draws the --sweep-floor frontier; give --sweep-floor too (e.g. 0.9,0.95)")

@@ -190,7 +190,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ))
     p.add_argument("trace", help="per-token trace directory")
     p.add_argument("--plan", required=True, type=input_file, help="plan JSON (moeplace plan)")
-    add_deployment_options(p, hidden_default=d.hidden)  # --cluster, --hidden-size, --rule, batch sizes, ...
+    # --cluster, --hidden-size, --rule, batch sizes, ... (no --profile: run-ep emulates its own layer)
+    add_deployment_options(p, hidden_default=d.hidden, profiles=False)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--emulate", action="store_true",
                        help="run each node's ranks in its own network namespace (needs root and iproute2; falls "

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster | None:
-    return None if args.cluster is None else deployment_from_args(args).cluster
+    return None if args.cluster is None and not args.profile else deployment_from_args(args).cluster
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -33,10 +33,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.plan} is an FoE plan (foe_groups={plan.foe_groups}); simulate replays plain MoE "
                          "execution. run-ep reports an FoE run next to the simulator's FoE replay of the same "
                          "micro-batches (docs/FOE.md)")
-    dep = Deployment(cluster or plan.cluster, args.cluster_preset, args.hidden_size, args.dispatch_bytes,
-                     args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch, args.prefill_tokens)
+    if args.profile:  # the profile's pool (--profile-phase), explicit flags overriding single fields
+        dep = deployment_from_args(args)
+    else:
+        dep = Deployment(cluster or plan.cluster, args.cluster_preset, args.hidden_size, args.dispatch_bytes,
+                         args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
+                         args.prefill_tokens, args.decode_running)
     cost, batching = cost_config(dep), batch_config(dep)
-    res = simulate(args.trace, plan, cluster, cost, batching, rule=args.rule, num_redundant=args.redundant,
+    res = simulate(args.trace, plan, cluster, cost, batching, rule=dep.rule, num_redundant=args.redundant,
                    chunk_tokens=args.chunk_tokens, progress=args.progress)
     j = res.to_json()
     if args.json:
@@ -44,7 +48,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from moeplace.simulate.config import AUTO_MODE, describe_mode
 
     tag = " [SYNTHETIC workload]" if j["synthetic"] else ""
-    print(f"simulated {args.trace}{tag} on {res.cluster.spec()} ({j['plan_strategy']}, rule {res.rule})")
+    prof = f", profile {dep.profile}" if dep.profile else ""
+    print(f"simulated {args.trace}{tag} on {res.cluster.spec()} ({j['plan_strategy']}, rule {res.rule}{prof})")
     print(f"  kernel: {describe_mode(res.cost.mode)}"
           + (", two-batch overlap of dispatch, expert compute and combine" if res.cost.overlap else "")
           + "; layer times are per layer per micro-batch (mean), in µs")

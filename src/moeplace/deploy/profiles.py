@@ -192,13 +192,16 @@ def merged_deployment(profile: Profile, deployments: dict):  # -> moeplace.deplo
     pre, dec = deployments["prefill"], deployments["decode"]
     if pre.cluster.spec() != dec.cluster.spec() or pre.cluster_preset != dec.cluster_preset:
         raise ValueError(f"profile {profile.name} runs prefill on {pre.cluster.spec()} and decode on "
-                         f"{dec.cluster.spec()} ({pre.cluster_preset} nodes): choose one with --phase prefill|decode")
+                         f"{dec.cluster.spec()} ({pre.cluster_preset} nodes): choose one with --profile-phase "
+                         "prefill|decode")
     if pre.rule != dec.rule:
-        raise ValueError(f"profile {profile.name}: prefill and decode use different replica rules; choose --phase")
+        raise ValueError(f"profile {profile.name}: prefill and decode use different replica rules; choose "
+                         "--profile-phase")
     modes = (pre.mode, dec.mode)
     mode = pre.mode if pre.mode == dec.mode else "auto" if modes == ("deepep-normal", "deepep-ll") else None
     if mode is None:
-        raise ValueError(f"profile {profile.name}: kernels {modes} are not one mode; choose --phase or --mode")
+        raise ValueError(f"profile {profile.name}: kernels {modes} are not one mode; choose --profile-phase or "
+                         "--mode")
     return dataclasses.replace(dec, mode=mode, prefill_tokens=pre.prefill_tokens)
 
 
@@ -206,6 +209,40 @@ def default_redundant(num_experts: int, world_size: int) -> int:
     """Redundant slots a profile gives by default: one per GPU (DeepSeek's 32 at EP32), plus what makes the slots
     divide evenly among GPUs: the smallest R >= W with (E + R) % W == 0."""
     return world_size + (-num_experts) % world_size
+
+
+def format_profiles(profiles: list[Profile]) -> str:
+    """One line per profile: name, the two pools and their micro-batch sizes, then its summary."""
+    from moeplace.deploy.hardware import get_cluster_preset
+
+    lines = [f"{'profile':<24}{'prefill':<30}{'decode':<30}model sizes"]
+    for p in profiles:
+        cells = []
+        for ph in PHASES:
+            q = p.phase(ph)
+            G = get_cluster_preset(q.hardware).gpus_per_node
+            unit = "tok" if ph == "prefill" else "req"
+            cells.append(f"{q.nodes}x{G} {q.hardware} {q.per_gpu:,} {unit}/GPU")
+        sizes = f"hidden {p.hidden_size}, expert {p.moe_intermediate_size}"
+        lines.append(f"{p.name:<24}{cells[0]:<30}{cells[1]:<30}{sizes}")
+    lines.append("(moeplace profiles NAME: kernels, rules, sources and assumptions)")
+    return "\n".join(lines)
+
+
+def format_profile(p: Profile) -> str:
+    """Everything a profile says, sources and assumptions included."""
+    lines = [f"{p.name}: {p.summary}", f"  model sizes ({p.model}): hidden {p.hidden_size}, routed expert FFN "
+             f"{p.moe_intermediate_size}, dispatch {p.dispatch_bytes:g} B/element, combine "
+             f"{p.combine_bytes:g} B/element"]
+    for ph in PHASES:
+        q = p.phase(ph)
+        per = (f"{q.per_gpu:,} prompt tokens per GPU per micro-batch ({p.prefill_tokens():,} in all)" if ph == "prefill"
+               else f"{q.per_gpu:,} running requests per GPU ({p.decode_running():,} in all, continuous batching)")
+        lines.append(f"  {ph}: {q.nodes} x {q.hardware} (EP{p.world(ph)}), {per}, kernel {q.mode}, rule {q.rule}")
+    lines += ["  sources:"] + [f"    - {s}" for s in p.sources]
+    if p.assumptions:
+        lines += ["  assumptions:"] + [f"    - {a}" for a in p.assumptions]
+    return "\n".join(lines)
 
 
 def _check_registry() -> None:
@@ -221,5 +258,5 @@ def _check_registry() -> None:
 
 _check_registry()
 
-__all__ = ["OVERRIDABLE", "PHASES", "PROFILES", "PhaseProfile", "Profile", "default_redundant", "get_profile",
-           "merged_deployment", "phase_deployments"]
+__all__ = ["OVERRIDABLE", "PHASES", "PROFILES", "PhaseProfile", "Profile", "default_redundant", "format_profile",
+           "format_profiles", "get_profile", "merged_deployment", "phase_deployments"]

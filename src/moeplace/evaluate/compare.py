@@ -208,7 +208,9 @@ def sweep_floor(trace: Trace, cluster: Cluster, num_redundant: int, result: dict
         raise ValueError(f"--sweep-floor re-plans strategies with a balance floor; none of "
                          f"{', '.join(result['strategies'])} has one")
     for n, r in result["strategies"].items():
-        frontier[n] = [{"balance_floor": None, "objective": (params or {}).get("objective"),
+        obj = get_strategy(n).param("objective")  # the objective the row was planned under (None: has none)
+        frontier[n] = [{"balance_floor": None,
+                        "objective": (params or {}).get("objective", obj.default) if obj is not None else None,
                         "balancedness": r["balancedness"],
                         "inter_node_bytes_vs_linear": r["inter_node_bytes_vs_linear"]}]
     for n in floored:
@@ -292,21 +294,26 @@ def plot_frontier(frontier: dict, out: str, title: str = "Balance-floor frontier
     atomic_write_bytes(buf.getvalue(), out)
 
 
-def run_compare(trace: Trace, cluster: Cluster, num_redundant: int, strategies: list[str] | None = None,
+def run_compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None,
+                strategies: list[str] | None = None,
                 holdout: float = 0.25, split: str = "random", seed: int = 0,
                 prefix_tokens: int = DEFAULT_PREFIX_TOKENS, balance_floor: float | None = None,
                 params: dict | None = None, progress: Callable[[str], None] | None = None,
                 arrival: str = "table", floors: list[float] | None = None, plot: str | None = None,
                 cost: CostConfig | None = None, batching: BatchConfig | None = None, rule: str = DEFAULT_RULE,
-                deployment: Deployment | None = None) -> dict:
+                deployment: Deployment | None = None, **measure: object) -> dict:
     """``moeplace compare``: :func:`compare`, then the frontier sweep over ``floors`` (stored under
-    ``"frontier"``) and its plot when asked."""
+    ``"frontier"``; on the first split seed) and its plot when asked. ``measure``: compare's keyword-only
+    measurement options (phase_deployments, split_seeds, arrival_seed, min_microbatches, allow_few)."""
     scoring = {"cost": cost, "batching": batching, "rule": rule, "deployment": deployment}
     res = compare(trace, cluster, num_redundant, strategies, holdout, split, seed, prefix_tokens, balance_floor,
-                  params, progress, arrival, **scoring)
+                  params, progress, arrival, **scoring, **measure)
     if floors:
+        first = dict(measure)
+        if first.get("split_seeds"):
+            first["split_seeds"] = list(first["split_seeds"])[:1]  # type: ignore[call-overload]
         res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,
-                                      prefix_tokens, balance_floor, params, progress, arrival, **scoring)
+                                      prefix_tokens, balance_floor, params, progress, arrival, **scoring, **first)
         if plot:
             plot_frontier(res["frontier"], plot, f"Balance-floor frontier: {res['trace']} on {res['cluster']}, "
                           f"R={res['num_redundant']} (held-out requests)")

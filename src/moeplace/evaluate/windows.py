@@ -19,9 +19,9 @@ import numpy as np
 
 from moeplace.placement import Grouper, Plan
 from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
+from moeplace.plan.registry import DEFAULT_PREFIX_TOKENS  # noqa: F401  (re-exported; one definition)
 from moeplace.trace.types import DECODE, PREFILL, Requests, Trace
 
-DEFAULT_PREFIX_TOKENS = 32
 ARRIVALS = ("table", "mixed")
 
 
