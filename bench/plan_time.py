@@ -3,8 +3,8 @@ fills, against the strongest EPLB, as a ratio with a paired 95% interval over sp
 the ideal bound and the gap closed (the protocol of docs/EVALUATION.md).
 
 Usage:
-  python bench/plan_time.py [--seeds 5] [--holdout 0.5] [--profiles NAME,...] [--workloads NAME,...]
-                            [--strategies eplb,activation-clusters,joint] [--json PATH]
+  python bench/plan_time.py [--seeds 5] [--holdout 0.75] [--profiles NAME,...] [--workloads NAME,...]
+                            [--phases prefill,decode] [--strategies eplb,activation-clusters,joint] [--json PATH]
 
 Workloads (real routing of trained models; none synthetic):
 - ``reference-fg`` (64 experts in 8 groups, top-6): prefill from the prefill-scale held-out trace that
@@ -75,10 +75,13 @@ def fitted_nodes(trace, profile, phase: str, holdout: float) -> tuple[int | None
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5, help="random split seeds (default: 5)")
-    ap.add_argument("--holdout", type=float, default=0.5, help="held-out fraction of the requests (default: 0.5)")
+    ap.add_argument("--holdout", type=float, default=0.75,
+                    help="held-out fraction of the requests (default: 0.75: planning on a quarter is ample, and "
+                         "prefill-scale micro-batches need the tokens)")
     ap.add_argument("--profiles", help="comma-separated profile names (default: all)")
     ap.add_argument("--workloads", help="comma-separated: reference-fg, reference-ds, gpt-oss-20b (default: all)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--phases", default="prefill,decode", help="phases to measure (runs can be split by phase)")
     ap.add_argument("--json")
     args = ap.parse_args()
     run = BenchRun("plan_time", baseline="the strongest EPLB per phase (global/hierarchical x static/least-loaded/"
@@ -95,7 +98,7 @@ def main() -> int:
     results: dict = {}
     skipped: dict = {}
     for wname in wanted:
-        for phase in ("prefill", "decode"):
+        for phase in [p for p in ("prefill", "decode") if p in args.phases.split(",")]:
             path = sources[wname][phase]
             if path is None:
                 skipped[f"{wname}-{phase}"] = ("no prefill-scale trace: run scripts/prefill_trace.py --model "
@@ -151,7 +154,8 @@ def main() -> int:
     decided_losses = [k + "/" + n for k, v in results.items() for n, b in v["strategies"].items()
                       if b and b["ci95"][0] > 1.0]
     run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "arrival": "mixed (seeded by the split)",
-                          "profiles": profiles, "workloads": wanted, "strategies": strategies},
+                          "profiles": profiles, "workloads": wanted, "strategies": strategies,
+                          "phases": args.phases.split(",")},
                "results": results, "skipped": skipped,
                "summary": {"settings": len(results), "decided_faster_than_baseline": decided_wins,
                            "decided_slower_than_baseline": decided_losses}}, args.json)

@@ -115,10 +115,11 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
         return make_plan(n, win.plan_work, cl, R, planned_on=f"{meta.model} planning window", deployment=dep,
                          seed=seed, **kw)
 
-    dec_st = setups.get("decode", setups.get("prefill"))
+    dec_ph = "decode" if "decode" in setups else "prefill"  # the phase the table rows' plan comes from
+    dec_st = setups[dec_ph]
     out: dict = {"trace": meta.model, "synthetic": bool(meta.synthetic), "cluster": dec_st.cluster.spec(),
                  "cluster_hardware": dec_st.cluster.to_json(),
-                 "num_redundant": redundant["decode"], "holdout": holdout, "split": split, "seed": seed,
+                 "num_redundant": redundant[dec_ph], "holdout": holdout, "split": split, "seed": seed,
                  "split_seeds": seeds, "arrival_seed": arrival_seed, "arrival": arrival,
                  "prefix_tokens": prefix_tokens,
                  "profile": next((d.profile for d in (phase_deployments or {}).values() if d.profile), None),
@@ -144,7 +145,7 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
         if i == 0:
             out["planning_requests"] = int(win.plan_work.num_requests)
             out["held_out_requests"] = int(len(win.held.requests))
-            out["strategies"] = legacy_rows(names, win, dec_st, results, plans, redundant["decode"],
+            out["strategies"] = legacy_rows(names, win, dec_st, results, plans, redundant[dec_ph],
                                             time.perf_counter() - t0)
             out["scored_tokens"] = next(iter(out["strategies"].values()))["scored_tokens"] if names else 0
     out["microbatch_counts"] = {ph: {"microbatches": [c[ph]["microbatches"] for c in counts_all],
