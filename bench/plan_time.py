@@ -48,26 +48,28 @@ def workload_sources() -> dict[str, dict[str, Path | None]]:
         gpt = Path(ensure_trace(None))
     out = {}
     for name in ("reference-fg", "reference-ds"):
-        pre = CACHE / f"{name}-prefill.trace"
+        pre = CACHE / f"{name}-prefill-4m.trace"
+        if not (pre / "meta.json").exists():
+            pre = CACHE / f"{name}-prefill.trace"
         out[name] = {"prefill": pre if (pre / "meta.json").exists() else None, "decode": DATA / f"{name}.trace"}
     out["gpt-oss-20b"] = {"prefill": None, "decode": gpt}
     return out
 
 
-def fitted_nodes(trace, profile, phase: str, holdout: float) -> tuple[int | None, dict]:
-    """The largest node count (<= the profile's) at which the held-out window of split seed 0 forms at least
-    MIN_MICROBATCHES full micro-batches of ``phase``, and the counts per node count tried."""
+def fitted_nodes(trace, profile, phase: str, holdout: float, seeds: int) -> tuple[int | None, dict]:
+    """The largest node count (<= the profile's) at which the held-out window of every split seed forms at least
+    MIN_MICROBATCHES full micro-batches of ``phase``, and the fewest full ones per node count tried."""
     from moeplace.deploy.profiles import phase_deployments
     from moeplace.evaluate import split_windows
     from moeplace.evaluate.measure import MIN_MICROBATCHES, microbatch_counts, setup_of
 
-    win = split_windows(trace, holdout, "random", 0, arrival="mixed")
+    wins = [split_windows(trace, holdout, "random", s, arrival="mixed") for s in range(seeds)]
     tried = {}
     for nodes in range(profile.phase(phase).nodes, 0, -1):
         st = setup_of(phase_deployments(profile, cluster=str(nodes))[phase], full_only=True)
-        c = microbatch_counts(win, st.batching)[phase]
-        tried[nodes] = c
-        if c["full"] >= MIN_MICROBATCHES:
+        full = min(microbatch_counts(w, st.batching)[phase]["full"] for w in wins)
+        tried[nodes] = full
+        if full >= MIN_MICROBATCHES:
             return nodes, tried
     return None, tried
 
@@ -76,8 +78,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5, help="random split seeds (default: 5)")
     ap.add_argument("--holdout", type=float, default=0.75,
-                    help="held-out fraction of the requests (default: 0.75: planning on a quarter is ample, and "
-                         "prefill-scale micro-batches need the tokens)")
+                    help="held-out fraction of the requests for decode (default: 0.75: planning on a quarter is "
+                         "ample, and full running sets need the requests)")
+    ap.add_argument("--prefill-holdout", type=float, default=0.9,
+                    help="held-out fraction for prefill (default: 0.9: prefill-scale micro-batches need the tokens; "
+                         "the planning tenth still holds hundreds of thousands of prompt tokens)")
     ap.add_argument("--profiles", help="comma-separated profile names (default: all)")
     ap.add_argument("--workloads", help="comma-separated: reference-fg, reference-ds, gpt-oss-20b (default: all)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
@@ -111,9 +116,11 @@ def main() -> int:
             for pname in profiles:
                 prof = PROFILES[pname]
                 key = f"{wname}-{pname}-{phase}"
-                nodes, tried = fitted_nodes(trace, prof, phase, args.holdout)
+                holdout = args.prefill_holdout if phase == "prefill" else args.holdout
+                nodes, tried = fitted_nodes(trace, prof, phase, holdout, args.seeds)
                 if nodes is None:
-                    skipped[key] = f"fewer than 20 full micro-batches even on 1 node: {tried}"
+                    skipped[key] = ("fewer than 20 full micro-batches even on 1 node (fewest per seed, by nodes: "
+                                    f"{tried})")
                     print(f"{key}: skipped ({skipped[key]})", flush=True)
                     continue
                 deps = phase_deployments(prof, cluster=str(nodes))
@@ -123,7 +130,7 @@ def main() -> int:
                 if same is not None:  # another profile reduced to the same deployment: the same measurement
                     r = results[same]["compare"]
                 else:
-                    r = compare(trace, None, None, strategies, holdout=args.holdout, arrival="mixed",
+                    r = compare(trace, None, None, strategies, holdout=holdout, arrival="mixed",
                                 phase_deployments=deps, split_seeds=list(range(args.seeds)), phases=(phase,))
                     done[key] = bare
                 dep = deps[phase]
@@ -132,7 +139,8 @@ def main() -> int:
                     "workload": wname, "synthetic": bool(trace.meta.synthetic), "trace": str(path.relative_to(REPO)
                                                                                            if path.is_relative_to(REPO)
                                                                                            else path),
-                    "profile": pname, "phase": phase, "profile_nodes": prof.phase(phase).nodes, "nodes": nodes,
+                    "profile": pname, "phase": phase, "holdout": holdout,
+                    "profile_nodes": prof.phase(phase).nodes, "nodes": nodes,
                     "cluster": dep.cluster.spec(), "hardware": dep.cluster_preset,
                     "tokens_per_microbatch": dep.prefill_tokens if phase == "prefill" else dep.decode_running,
                     "per_gpu": prof.phase(phase).per_gpu, "mode": dep.mode, "rule": dep.rule,
@@ -153,7 +161,8 @@ def main() -> int:
                     if b and n != "eplb" and b["ci95"][1] < 1.0]
     decided_losses = [k + "/" + n for k, v in results.items() for n, b in v["strategies"].items()
                       if b and b["ci95"][0] > 1.0]
-    run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "arrival": "mixed (seeded by the split)",
+    run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "prefill_holdout": args.prefill_holdout,
+                          "arrival": "mixed (seeded by the split)",
                           "profiles": profiles, "workloads": wanted, "strategies": strategies,
                           "phases": args.phases.split(",")},
                "results": results, "skipped": skipped,
