@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -119,25 +120,53 @@ def remove_stale(dest: Path, tag: str) -> list[Path]:
     return removed
 
 
-def check_output_path(dest: str | os.PathLike, what: str = "output") -> Path:
-    """Check that ``dest`` can be written as a file: not an existing folder, its name short enough, the nearest
-    existing folder above it a directory this process may write in (missing folders are created at write time).
-    The one output-path check: the CLI's ``output_file`` type and every writer call it before any work."""
-    p = Path(dest)
-    if p.name in ("", ".", ".."):
-        raise OutputError(f"{p}: not a file name ({what} needs a file path)")
-    if len(p.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-        raise OutputError(f"{p.name[:40]}...: file name longer than {NAME_MAX} bytes")
-    if p.is_dir():
-        raise OutputError(f"{p}: is a directory ({what} needs a file path)")
+TEMP_SUFFIX_BYTES = 24  # the atomic writer's ".NAME.XXXXXXXX.tmp" adds this much to a file name
+
+
+def output_path_problem(dest: str | os.PathLike) -> str | None:
+    """What stops ``dest`` from being written as a file, or None: a directory (or a name ending in a separator),
+    a FIFO, device or socket, a name longer than the file system allows, a path the OS refuses (too long,
+    a parent that is a file, a loop, no access), or a nearest existing folder this process may not write in."""
+    text = os.fspath(dest)
+    p = Path(text)
+    if not text or text.endswith(os.sep) or p.name in ("", ".", ".."):
+        return "expected a file name, got a directory"
+    n = len(os.fsencode(p.name))
+    if n > NAME_MAX:  # the writer's temporary names are shortened, so any legal name can be written
+        return f"file name too long ({n} bytes; at most {NAME_MAX})"
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:  # a parent is a file: name it
+        anc = next((a for a in p.parents if a.exists() and not a.is_dir()), p.parent)
+        return f"{anc} is not a directory"
+    except OSError as e:  # ENAMETOOLONG of the whole path, ELOOP, EACCES
+        return e.strerror or str(e)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return "exists and is not a regular file (a FIFO, device or socket)"
     for anc in [p.parent, *p.parent.parents]:
         if anc.exists() or anc.is_symlink():
             if not anc.is_dir():
-                raise OutputError(f"{p}: {anc} is not a directory")
+                return f"{anc} is not a directory"
             if not os.access(anc, os.W_OK | os.X_OK):
-                raise OutputError(f"{p}: no permission to write in {anc} ({what})")
+                return f"no permission to write in {anc}"
             break
-    return p
+    return None
+
+
+def check_output_path(dest: str | os.PathLike, what: str = "output") -> Path:
+    """Check that ``dest`` can be written as a file (:func:`output_path_problem`); OutputError ``"DEST: problem"``
+    otherwise. Missing folders are created at write time. The one output-path check: the CLI's ``output_file``
+    type and every writer call it before any work."""
+    problem = output_path_problem(dest)
+    if problem:
+        text = os.fspath(dest)
+        shown = text if len(text) <= 80 else f"{text[:40]}...{text[-40:]}"
+        raise OutputError(f"{shown}: {problem} ({what})")
+    return Path(dest)
 
 
 def make_dirs(path: str | os.PathLike) -> Path:

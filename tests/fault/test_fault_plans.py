@@ -308,7 +308,7 @@ def test_directories_fifos_and_long_names_as_outputs(tiny_trace, work_dir, capsy
     plan = d / "p.json"
     Plan(Placement.linear(2, 8, 4), Cluster(2, 2)).save(plan)
     bad_outputs = {str(d): "is a directory", str(d) + "/": "directory", str(fifo): "not a regular file",
-                   str(d / "file" / "x.json"): "Not a directory", str(d / ("a" * 240 + ".json")): "too long",
+                   str(d / "file" / "x.json"): "file is not a directory", str(d / ("a" * 251 + ".json")): "too long",
                    "/dev/null": "not a regular file"}
     for out, problem in bad_outputs.items():
         cases = [

@@ -59,8 +59,7 @@ class Parser(argparse.ArgumentParser):
 
 MAX_REDUNDANT = 1 << 20  # checked again against the trace's E and the cluster (at most E * (W - 1))
 MAX_TOKENS = 1 << 24  # chunk, window and batch sizes in tokens
-NAME_MAX = 255  # bytes in one path component (Linux)
-TEMP_SUFFIX_BYTES = 24  # the atomic writer's ".NAME.XXXXXXXX.tmp" adds this much
+from moeplace.io import NAME_MAX, TEMP_SUFFIX_BYTES  # noqa: E402  (the one output-path check's limits; stdlib only)
 
 
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
@@ -134,35 +133,12 @@ def device_spec(text: str) -> str:
     return text
 
 
-def _path_problem_output(text: str) -> str | None:
-    p = Path(text)
-    if not text or text.endswith(os.sep) or p.name in ("", ".", ".."):
-        return "expected a file name, got a directory"
-    if len(os.fsencode(p.name)) > NAME_MAX - TEMP_SUFFIX_BYTES:
-        return (f"file name too long ({len(os.fsencode(p.name))} bytes; at most {NAME_MAX - TEMP_SUFFIX_BYTES} "
-                "so that its temporary file fits beside it)")
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:  # ENAMETOOLONG of the whole path, ENOTDIR of a parent, ELOOP, EACCES
-        return e.strerror or str(e)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        return "is a directory"
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        return "exists and is not a regular file (a FIFO, device or socket)"
-    anc = p.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if anc.exists() and not anc.is_dir():
-        return f"{anc} is not a directory"
-    return None
-
-
 def output_file(text: str) -> str:
     """A file to write: not a directory, FIFO or device; a name short enough for its temporary file; its
     folder a directory (created if missing). Returned as given."""
-    problem = _path_problem_output(text)
+    from moeplace.io import output_path_problem
+
+    problem = output_path_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(f"{short(text)}: {problem}")
     return text
