@@ -3,7 +3,7 @@
 - generate path: ``record_generate(max_new_tokens=1)`` (``--max-new-tokens 1``: one generate call per batch of
   ``--batch-size`` 8 left-padded prompts; it records no decode row, so its trace is prefill only too);
 - batched forward path: ``record_prefill`` (``--max-new-tokens 0``: length-sorted, right-padded forwards of
-  ``--batch-tokens`` 1024, no generate), with the CLI's default flush every 32 requests and with 256.
+  ``--batch-tokens`` 1024, no generate), flushing (and sorting) every 32 requests and every 256 (its default).
 
 on two prompt sets of a reference model: its shipped held-out prompts (every 8th by request-id hash, 16-96
 tokens) and held-out windows of 128-256 tokens as scripts/prefill_trace.py cuts them. Each measurement runs
@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ways = {
         "generate (--max-new-tokens 1, --batch-size 8)":
             lambda p, w: record_generate(model, tok, p, w, max_new_tokens=1, batch_size=8),
-        "batched forward (--max-new-tokens 0)": lambda p, w: record_prefill(model, tok, p, w),
-        "batched forward (--max-new-tokens 0 --flush-every 256)":
+        "batched forward (--max-new-tokens 0 --flush-every 32)":
+            lambda p, w: record_prefill(model, tok, p, w, flush_every=32),
+        "batched forward (--max-new-tokens 0, default --flush-every 256)":
             lambda p, w: record_prefill(model, tok, p, w, flush_every=256),
     }
     result = {"model": args.model, "threads": 1, "repeats": args.repeats, "loadavg_before": os.getloadavg(),

@@ -31,8 +31,10 @@ a finished output is skipped unless ``--overwrite``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -289,10 +291,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def lock(out: Path):
+    """An exclusive lock on building ``out`` (the hidden ``.<name>.lock`` beside it), held while the returned file
+    stays open; ValueError when another run holds it (two runs would write the same pieces)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f".{out.name}.lock"
+    f = open(path, "a+")  # held open for the whole run
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        who = f.read().strip() or "?"
+        f.close()
+        raise ValueError(f"another prefill_trace.py (pid {who}) is building {out}; wait for it or stop it") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out: Path = args.out
     build = out.parent / f".{out.name}.build"
+    try:
+        held = lock(out)
+    except (ValueError, OSError) as e:
+        print(f"prefill_trace: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _main(args, out, build)
+    finally:
+        held.close()
+
+
+def _main(args: argparse.Namespace, out: Path, build: Path) -> int:
     if out.exists() and not args.overwrite:
         if complete_trace(out):
             print(f"prefill_trace: {out} is already built (use --overwrite to rebuild)")

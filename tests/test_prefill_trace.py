@@ -97,3 +97,13 @@ def test_prefill_trace_bad_input_is_one_line(script, tmp_path, capsys):
     (tmp_path / "junk.trace" / "f").write_text("x")
     assert script.main(["--out", str(tmp_path / "junk.trace")]) == 2
     assert "not a complete trace" in capsys.readouterr().err
+
+
+def test_prefill_trace_refuses_a_second_run_on_the_same_output(script, tmp_path, capsys):
+    out = tmp_path / "x.trace"
+    held = script.lock(out)  # as if another run were building it
+    try:
+        assert script.main(["--out", str(out)]) == 2
+        assert "another prefill_trace.py" in capsys.readouterr().err
+    finally:
+        held.close()

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 
 from moeplace.cli import device_spec, int_in, output_dir
-from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, DEFAULT_PREFILL_BATCH_TOKENS, ROUTER_CLASSES
+from moeplace.trace.capture_spec import (
+    DEFAULT_FLUSH_EVERY,
+    DEFAULT_PREFILL_BATCH_TOKENS,
+    DEFAULT_PREFILL_FLUSH_EVERY,
+    ROUTER_CLASSES,
+)
 
 EPILOG = """examples:
   moeplace trace record --model ./Qwen3-30B-A3B --prompts prompts.jsonl --max-new-tokens 64 out.trace
@@ -112,6 +117,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
     if args.min_new_tokens > args.max_new_tokens:
         raise ValueError(f"--min-new-tokens {args.min_new_tokens} exceeds --max-new-tokens {args.max_new_tokens}")
+    if args.flush_every is None:
+        args.flush_every = DEFAULT_PREFILL_FLUSH_EVERY if prefill_only else DEFAULT_FLUSH_EVERY
     if args.flush_every < 1:
         raise ValueError(f"--flush-every must be >= 1, got {args.flush_every}")
     if args.prompts == "builtin":
@@ -194,8 +201,10 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help="weights dtype (default auto: as saved)")
     p.add_argument("--no-weights", action="store_true",
                    help="record expert ids only, not the routers' top-k weights (about a quarter of the bytes)")
-    p.add_argument("--flush-every", type=int_in(1, 1 << 20), default=DEFAULT_FLUSH_EVERY, metavar="N",
-                   help=f"write a shard every N requests, so a kill loses at most N (default {DEFAULT_FLUSH_EVERY})")
+    p.add_argument("--flush-every", type=int_in(1, 1 << 20), default=None, metavar="N",
+                   help=f"write a shard every N requests, so a kill loses at most N (default {DEFAULT_FLUSH_EVERY}; "
+                        f"{DEFAULT_PREFILL_FLUSH_EVERY} with --max-new-tokens 0, where N is also the window sorted "
+                        "by length)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT if it is a moeplace trace (the new one is swapped in when complete)")
     p.add_argument("out", metavar="OUT", type=output_dir, help="trace directory to write")

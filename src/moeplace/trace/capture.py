@@ -38,7 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moeplace.trace.capture_spec import DEFAULT_FLUSH_EVERY, DEFAULT_PREFILL_BATCH_TOKENS, ROUTER_CLASSES
+from moeplace.trace.capture_spec import (
+    DEFAULT_FLUSH_EVERY,
+    DEFAULT_PREFILL_BATCH_TOKENS,
+    DEFAULT_PREFILL_FLUSH_EVERY,
+    ROUTER_CLASSES,
+)
 from moeplace.trace.types import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta
 from moeplace.trace.writer import TraceWriter
 
@@ -759,14 +764,14 @@ def record_prefill(
     batch_tokens: int = DEFAULT_PREFILL_BATCH_TOKENS,
     batch_size: int | None = None,
     progress: bool = False,
-    flush_every: int | None = DEFAULT_FLUSH_EVERY,
+    flush_every: int | None = DEFAULT_PREFILL_FLUSH_EVERY,
     max_requests: int | None = None,
 ) -> dict:
     """Record the prefill routing of ``prompts`` with plain batched forwards (no ``generate``, no decode).
 
     Same arguments and guarantees as :func:`record_generate` (sampling from ``writer.meta``, ``max_requests``,
     refusal of prompts longer than ``max_position_embeddings``, flushes, weights), but every request gets prefill
-    rows only (``gen_len`` 0). The requests are taken in windows of ``flush_every`` (default 32; None: 256, and
+    rows only (``gen_len`` 0). The requests are taken in windows of ``flush_every`` requests (default 256; None: 256
     the writer flushes when its shard is full); inside a window they are sorted by length and cut into forwards of
     at most ``batch_size`` sequences and ``batch_tokens`` padded tokens (:func:`prefill_batches`), right-padded
     with an attention mask, so a real token attends only to its own earlier tokens and sits at its own position:
