@@ -52,24 +52,9 @@ def _reference(what: str, **kwargs):
 
 
 def _load_model(spec: str, device: str, dtype: str):
-    import torch
+    from moeplace.trace.capture import load_causal_lm
 
-    if spec == "reference":
-        kw = {} if dtype == "auto" else {"dtype": dtype}
-        model, tokenizer = _reference("load_reference", device=device, **kw)
-        return model, tokenizer, "moeplace-reference"
-    d = Path(spec)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import moeplace.models.foe  # noqa: F401  (registers model_type "qwen3_foe", so a saved FoE folder loads)
-
-    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch_dtype)
-    except (OSError, KeyError) as e:
-        raise ValueError(f"--model {spec}: cannot load a model and tokenizer from this directory ({e})") from None
-    return model.to(device).eval(), tokenizer, str(d)
+    return load_causal_lm(spec, device, dtype, "--model")
 
 
 class _Terminated(Exception):

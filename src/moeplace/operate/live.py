@@ -30,8 +30,6 @@ import numpy as np
 from moeplace.operate.streams import Stream
 from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
-REFERENCE_NAME = "moeplace-reference"  # the model name `moeplace trace record --model reference` writes
-
 
 class WindowCollector:
     """Receives what :func:`moeplace.trace.capture.record_generate` would write to a trace folder (the
@@ -132,25 +130,7 @@ def open_live(model: str, prompts: str, window_requests: int, max_new_tokens: in
     else:
         rows, pname = load_prompts(prompts), Path(prompts).name
     rows = rows[:max_requests] if max_requests is not None else rows
-    if model == "reference":
-        from moeplace.models.reference import load_reference
+    from moeplace.trace.capture import load_causal_lm
 
-        try:
-            mdl, tok = load_reference(device=device)
-        except FileNotFoundError as e:
-            raise ValueError(f"the reference model is not available ({e})") from None
-        name = REFERENCE_NAME
-    else:
-        d = Path(model)
-        if not d.is_dir():
-            raise ValueError(f"model {model}: not a directory (expected a local Hugging Face model directory or "
-                             "'reference')")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
-            mdl = AutoModelForCausalLM.from_pretrained(d, local_files_only=True).to(device).eval()
-        except (OSError, KeyError) as e:
-            raise ValueError(f"model {model}: cannot load a model and tokenizer from this directory ({e})") from None
-        name = str(d)
+    mdl, tok, name = load_causal_lm(model, device, flag="model")
     return live_stream(mdl, tok, rows, window_requests, max_new_tokens, batch_size, name, pname)

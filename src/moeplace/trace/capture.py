@@ -42,6 +42,7 @@ from moeplace.trace.capture_spec import (
     DEFAULT_FLUSH_EVERY,
     DEFAULT_PREFILL_BATCH_TOKENS,
     DEFAULT_PREFILL_FLUSH_EVERY,
+    REFERENCE_NAME,
     ROUTER_CLASSES,
 )
 from moeplace.trace.types import DECODE, PREFILL, TokenChunk, TraceError, TraceMeta
@@ -894,3 +895,36 @@ def load_prompts(path: str | os.PathLike) -> list[dict]:
     if not rows:
         raise ValueError(f"{p}: no prompts (empty file)")
     return rows
+
+
+def load_causal_lm(spec: str, device: str = "cpu", dtype: str = "auto", flag: str = "--model"):
+    """(model in eval mode on ``device``, tokenizer, model name) for ``spec``: ``reference`` (the bundled
+    reference MoE, :func:`moeplace.models.reference.load_reference`) or a local Hugging Face model directory (an
+    FoE folder included). The one model loader of ``trace record`` and ``operate --source live``; ValueError
+    naming ``flag`` when the model cannot be loaded."""
+    if spec == "reference":
+        try:
+            from moeplace.models.reference import load_reference
+        except ImportError as e:
+            raise ValueError(f"the reference model is not available (moeplace.models.reference: {e})") from None
+        kw = {} if dtype == "auto" else {"dtype": dtype}
+        try:
+            model, tokenizer = load_reference(device=device, **kw)
+        except FileNotFoundError as e:
+            raise ValueError(f"the reference model is not available ({e})") from None
+        return model, tokenizer, REFERENCE_NAME
+    d = Path(spec)
+    if not d.is_dir():
+        raise ValueError(f"{flag} {spec}: not a directory (expected a local Hugging Face model directory or "
+                         "'reference')")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import moeplace.models.foe  # noqa: F401  (registers model_type "qwen3_foe", so a saved FoE folder loads)
+
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch_dtype)
+    except (OSError, KeyError) as e:
+        raise ValueError(f"{flag} {spec}: cannot load a model and tokenizer from this directory ({e})") from None
+    return model.to(device).eval(), tokenizer, str(d)

@@ -16,3 +16,5 @@ DEFAULT_PREFILL_BATCH_TOKENS = 1024  # padded tokens per forward of record_prefi
 # fastest of 256..4096 measured on the 2-core development machine (docs/CAPTURE.md); raise it on a GPU
 DEFAULT_PREFILL_FLUSH_EVERY = 256  # requests between flushes of record_prefill: its sort window too; a prefill
 # request costs a few milliseconds, so a kill loses seconds, and windows of 32 short prompts made forwards small
+
+REFERENCE_NAME = "moeplace-reference"  # the model name a trace of ``--model reference`` records
