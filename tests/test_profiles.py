@@ -75,3 +75,17 @@ def test_simulate_with_a_profile_and_an_override(capsys, tmp_path):
     assert "--profile-phase" in err and err.count("\n") == 1
     assert main(["simulate", trace, "--profile-phase", "decode", "--cluster", "1x8"]) == 2
     assert "--profile-phase needs --profile" in capsys.readouterr().err
+
+
+def test_operate_takes_a_profile_and_its_model_sizes(tmp_path, capsys):
+    import json
+
+    from moeplace.cli import main
+
+    # the bundled default trace has no model preset of its own: the profile's (deepseek-v3) prices its experts
+    args = ["operate", "src/moeplace/data/reference-default.trace", "--profile", "sglang-h200-ep16",
+            "--redundant", "16", "--window-requests", "128", "--policy", "static", "--json", str(tmp_path / "o.json")]
+    assert main(args) == 0
+    j = json.loads((tmp_path / "o.json").read_text())
+    assert "2x8" in json.dumps(j) and "deepseek-v3" in json.dumps(j)
+    capsys.readouterr()

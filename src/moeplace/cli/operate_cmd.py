@@ -58,8 +58,13 @@ def cmd_operate(args: argparse.Namespace) -> int:
     refuse_unpriced(args, ("--cluster", "--cluster-preset", "--rule", "--decode-batch", "--prefill-tokens"),
                     "operate (sizes come from --model-preset)")
     dep = deployment_from_args(args)
+    preset = args.model_preset
+    if preset is None and args.profile:  # a profile names the model whose sizes it prices
+        from moeplace.deploy.profiles import get_profile
+
+        preset = get_profile(args.profile).model
     cfg = OperateConfig(dep.cluster, args.redundant, args.window_requests, args.sample_every, args.capacity_factor,
-                        args.model_preset, args.weight_bytes, batch_config(dep), dep.rule, args.dedup,
+                        preset, args.weight_bytes, batch_config(dep), dep.rule, args.dedup,
                         args.step_seconds)
     if args.source == "live":
         if args.stream is not None or args.model is None or args.prompts is None:
