@@ -84,3 +84,16 @@ def test_demo_takes_the_deployment_group(tmp_path, capsys):
     base = compare(read_trace(default_trace_path()), cluster, 16, ["linear"], arrival="mixed")  # the trace's 128
     got, ref = cmp["strategies"]["linear"]["inter_node_bytes"], base["strategies"]["linear"]["inter_node_bytes"]
     assert got == pytest.approx(2 * ref, rel=0.02)
+
+
+def test_headline_sentence_says_when_noise_decides():
+    from moeplace.demo import in_users_terms
+
+    cmp = {"strategies": {"joint": {"phases": {
+        "prefill": {"ratio_to_baseline": 0.95, "ci95": [0.93, 0.97], "decided": True},
+        "decode": {"ratio_to_baseline": 1.001, "ci95": [0.99, 1.01], "decided": False}}}},
+        "baseline": {"prefill": "eplb/balanced", "decode": "eplb/balanced"}, "split_seeds": [0, 1, 2, 3, 4],
+        "held_out_requests": 250, "arrival": "mixed"}
+    s = in_users_terms(cmp, 2, 8, "links", 128)
+    assert "5.0% faster for prefill (0.950x [0.930, 0.970])" in s
+    assert "not told apart from it for decode" in s and "strongest EPLB (eplb/balanced)" in s and "5 random" in s
