@@ -61,11 +61,11 @@ def table(names: list[str]) -> str:
             cells.append(fig(name, f"{base}/strategies/joint/gap_closed", "+.2f", j["gap_closed"])
                          if j and j.get("gap_closed") is not None else "-")
             lines.append("| " + " | ".join(cells) + " |")
-        skipped += [f"{k} ({v})" for k, v in d.get("skipped", {}).items()]
+        skipped += [f"`{k}`" for k in d.get("skipped", {})]
     out = "\n".join(lines)
     if skipped:
-        out += "\n\nNot filled by the data (fewer than 20 full micro-batches per split seed even on one node, or no " \
-               "data here): " + "; ".join(skipped) + "."
+        out += ("\n\nNot filled by the data (fewer than 20 full micro-batches per split seed even on one node, or no "
+                "data here; the counts are in the result files' `skipped`): " + ", ".join(skipped) + ".")
     return out
 
 
