@@ -68,13 +68,15 @@ class BenchRun:
         self.command = "python " + " ".join(argv)
         self.loadavg_before = list(os.getloadavg())
         self.started = datetime.datetime.now(datetime.UTC)
+        # the code that runs is the tree at the start (modules are imported then): its commit and dirtiness
+        self.commit, self.dirty = git_state()
 
     def write(self, body: dict, path: str | os.PathLike | None = None) -> Path:
         """Write ``body`` plus the run context as JSON (atomically) to ``path`` (default bench/results/NAME.json).
 
         body: the bench's own keys (params, excluded, results, ...); it may not use the context's key names.
         """
-        commit, dirty = git_state()
+        commit, dirty = self.commit, self.dirty
         ctx = {
             "bench": self.name,
             "baseline": self.baseline,
