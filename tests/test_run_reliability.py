@@ -187,7 +187,7 @@ def test_unwritable_json_is_refused_before_the_run(tiny, no_spawn, capsys, kind)
     elif kind == "under_file":
         out = plan / "x.json"  # plan.json is a file
     elif kind == "long_name":
-        out = tmp / ("x" * 250 + ".json")
+        out = tmp / ("x" * 251 + ".json")  # 256 bytes: over NAME_MAX
     else:
         if os.geteuid() == 0:
             pytest.skip("root writes anywhere")
