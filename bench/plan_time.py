@@ -8,8 +8,9 @@ Usage:
 
 Workloads (real routing of trained models; none synthetic):
 - ``reference-fg`` (64 experts in 8 groups, top-6): prefill from the prefill-scale held-out trace that
-  ``scripts/prefill_trace.py --model reference-fg`` writes into ``out/cache/`` (skipped, and said so, when it has not
-  been built), decode from the shipped ``reference-fg.trace`` (4,136 requests x 32 decode tokens);
+  ``scripts/prefill_trace.py --model reference-fg`` writes into ``out/cache/`` (``reference-fg-prefill-4m.trace``,
+  every held-out token, built with ``--target-tokens 4000000 --out ...``, when present; skipped, and said so, when
+  none has been built), decode from the shipped ``reference-fg.trace`` (4,136 requests x 32 decode tokens);
 - ``reference-ds`` (DeepSeek-V3-shaped: 256 experts in 8 groups, top-4 groups, top-8): the same two sources;
 - ``gpt-oss-20b`` (decode-only routing from ../shared/data, when present).
 
