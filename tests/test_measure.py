@@ -110,3 +110,25 @@ def test_a_phase_without_scored_microbatches_is_absent():
     r = compare(tr, Cluster(1, 4), 4, ["eplb"], cost=CostConfig(), batching=BatchConfig(decode_batch=8))
     assert "prefill" not in r["strategies"]["eplb"]["phases"] and "decode" in r["strategies"]["eplb"]["phases"]
     assert "prefill" not in r["baseline"]
+
+
+def test_on_seed_sees_each_split_seeds_samples_with_bytes():
+    """compare's ``on_seed`` hook gets every split seed's samples; their pooled layer times are what ``phases``
+    reports, and their inter-node bytes add up to the simulator's total for the same plan and rows."""
+    tr = read_trace("src/moeplace/data/gpt-oss-20b-sample.trace")
+    seen = []
+    r = compare(tr, Cluster(2, 2), 4, ["linear", "eplb"], cost=CostConfig(), batching=BatchConfig(decode_batch=8),
+                split_seeds=[0, 1], phases=("decode",),
+                on_seed=lambda s, win, smp, res, plans: seen.append((s, smp, res)))
+    assert [s for s, _, _ in seen] == [0, 1]
+    for _, smp, res in seen:
+        for n in ("linear", "eplb"):
+            j = res["decode"][n].decode.to_json()
+            assert smp["decode"][n].inter_node_bytes.sum() == pytest.approx(j["inter_node_bytes"]["total"])
+            assert len(smp["decode"][n].inter_node_bytes) == j["num_microbatches"]
+    pooled = np.concatenate([smp["decode"]["eplb"].layer for _, smp, _ in seen])
+    assert r["strategies"]["eplb"]["phases"]["decode"]["layer_time_s"] == pytest.approx(pooled.mean())
+    # the first seed's rows still carry the simulator's bytes ratio to linear
+    first = seen[0][1]["decode"]
+    want = first["eplb"].inter_node_bytes.sum() / first["linear"].inter_node_bytes.sum()
+    assert r["strategies"]["eplb"]["inter_node_bytes_vs_linear"] == pytest.approx(want)

@@ -62,7 +62,7 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
             rule: str = DEFAULT_RULE, deployment: Deployment | None = None, *,
             phase_deployments: dict[str, Deployment] | None = None, split_seeds: list[int] | None = None,
             arrival_seed: int | None = None, min_microbatches: int = MIN_MICROBATCHES, allow_few: bool = False,
-            phases: tuple[str, ...] = ("prefill", "decode")) -> dict:
+            phases: tuple[str, ...] = ("prefill", "decode"), on_seed: Callable[..., None] | None = None) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
@@ -74,7 +74,10 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
     unless ``allow_few``). ``params``: strategy parameters, each given to the strategies that declare it;
     ``balance_floor`` to those with a floor. ``seed`` seeds the planners; ``split_seeds`` (default ``[seed]``) the
     splits, ``arrival_seed`` (default: each split's seed) the mixed arrival order. ``phases``: the phases measured
-    (a bench that fills each phase on its own cluster measures one at a time).
+    (a bench that fills each phase on its own cluster measures one at a time). ``on_seed(split_seed, windows,
+    samples, results, plans)``, when given, is called after each split seed with what
+    :func:`moeplace.evaluate.measure.measure_seed` returned (a bench pairs its own per-micro-batch quantities,
+    e.g. inter-node bytes, across plans with them); it does not change the answer.
 
     Rows (the first split seed) give the predicted MoE layer time per micro-batch for prefill and decode and each
     strategy's ratio to eplb's; ``phases`` (all split seeds, :mod:`moeplace.evaluate.measure`) the ratio to the
@@ -142,6 +145,8 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
                                            allow_few, progress if i == 0 else None)
         for ph in setups:
             per_seed[ph].append(smp[ph])
+        if on_seed is not None:
+            on_seed(s, win, smp, results, plans)
         if i == 0:
             out["planning_requests"] = int(win.plan_work.num_requests)
             out["held_out_requests"] = int(len(win.held.requests))
@@ -310,7 +315,7 @@ def run_compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None
     res = compare(trace, cluster, num_redundant, strategies, holdout, split, seed, prefix_tokens, balance_floor,
                   params, progress, arrival, **scoring, **measure)
     if floors:
-        first = dict(measure)
+        first = {k: v for k, v in measure.items() if k != "on_seed"}  # the sweep's compares report nothing per seed
         if first.get("split_seeds"):
             first["split_seeds"] = list(first["split_seeds"])[:1]  # type: ignore[call-overload]
         res["frontier"] = sweep_floor(trace, cluster, num_redundant, res, floors, holdout, split, seed,

@@ -118,17 +118,20 @@ def scored_mask(res: PhaseResult, capacity: int, full_only: bool, allow_few: boo
 
 @dataclass
 class PhaseSamples:
-    """One plan's scored micro-batches in one phase of one split seed: float [B_s] seconds each."""
+    """One plan's scored micro-batches in one phase of one split seed: float [B_s] seconds each (bytes for
+    ``inter_node_bytes``, None where not recorded)."""
 
     layer: np.ndarray
     bound_balanced: np.ndarray
     bound_local: np.ndarray
+    inter_node_bytes: np.ndarray | None = None  # inter-node bytes of each micro-batch, all layers (per-GPU dedup)
 
 
 def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
-    """The scored micro-batches' layer times and bounds (mean over layers) of one phase result."""
+    """The scored micro-batches' layer times and bounds (mean over layers) and inter-node bytes (sum over layers)
+    of one phase result."""
     return PhaseSamples(res.layer_times()[mask], res.layer_times("bound_balanced_time")[mask],
-                        res.layer_times("bound_local_time")[mask])
+                        res.layer_times("bound_local_time")[mask], res.bytes_per_microbatch().sum(1)[mask])
 
 
 def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
