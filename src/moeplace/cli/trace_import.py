@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moeplace.cli import int_in, output_dir
-from moeplace.trace.importers import IMPORTERS
+from moeplace.trace.importers import IMPORTERS, not_imported
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -18,6 +19,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     options["weights"] = False if args.no_weights else None
     out = import_trace(args.format, args.src, args.out, overwrite=args.overwrite, **options)
     print(f"imported {args.src} ({args.format}) -> {out}")
+    print(f"not imported (docs/PRIVACY.md): {not_imported(args.format)}", file=sys.stderr)
     print(format_trace_info(trace_info(out)))
     return 0
 

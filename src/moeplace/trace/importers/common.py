@@ -3,6 +3,7 @@ set-up."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -119,8 +120,13 @@ def prepare_out(out: str | os.PathLike, src: Path) -> Path:
 
 def open_writer(out: Path, meta: TraceMeta, overwrite: bool, inputs: Sequence[Path]) -> TraceWriter:
     """The importers' writer: built aside and moved into place when complete (a failure leaves nothing), and
-    never replacing a folder that is or holds one of ``inputs``."""
-    return TraceWriter(out, meta, overwrite=overwrite, keep_partial=False, inputs=inputs)
+    never replacing a folder that is or holds one of ``inputs``. ``meta.extra["importer"]`` names the format; the
+    trace records what of it was not imported (token ids, text) in ``extra["not_imported"]`` (docs/PRIVACY.md)."""
+    from moeplace.trace.importers import not_imported
+
+    extra = {**meta.extra, "not_imported": not_imported(meta.extra["importer"])}
+    return TraceWriter(out, dataclasses.replace(meta, extra=extra), overwrite=overwrite, keep_partial=False,
+                       inputs=inputs)
 
 
 def detect_dense_layers(nonzero_layer: np.ndarray, top_k: int) -> np.ndarray:
