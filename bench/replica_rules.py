@@ -18,7 +18,8 @@ Reported per strategy and rule, pooled over seeds:
   paired two-level bootstrap interval (``moeplace.evaluate.intervals.paired_ratio_ci``);
 - ``ratio_to_baseline``: layer time / the strongest EPLB's (global or hierarchical x static / least-loaded /
   balanced dispatch, chosen on the held-out window, ``moeplace.evaluate.measure``), with its interval;
-- ``inter_node_bytes_vs_nearest`` with its interval; mean predicted layer time per micro-batch and layer;
+- ``inter_node_bytes_vs_nearest`` with its interval; mean predicted layer time per micro-batch and layer, and the
+  ideal bounds of the same plan and traffic (balanced; balanced and local);
 - balancedness (median per-micro-batch, and of the whole window) as the median over split seeds, with the range
   over seeds (not a ratio of sums over micro-batches, so no bootstrap interval).
 Writes bench/results/replica_rules.json.
@@ -88,7 +89,8 @@ def bench_workload(trace_path: Path, cluster, redundant: int, cost, seeds: list[
             ph = measured[rule]["strategies"][name]["phases"]["decode"]
             L = len(sim[rule][0][name]["balancedness"]["per_layer"])
             rows[rule] = {
-                "layer_time_us": ph["layer_time_s"] * 1e6,
+                "layer_time_us": ph["layer_time_s"] * 1e6, "bound_balanced_us": ph["bound_balanced_s"] * 1e6,
+                "bound_local_us": ph["bound_local_s"] * 1e6,
                 "ratio_to_baseline": ph["ratio_to_baseline"], "ci95": ph["ci95"], "decided": ph["decided"],
                 "time_vs_nearest": ci_entry([s[name].layer for s in smp[rule]], [s[name].layer for s in smp[near]]),
                 "inter_node_bytes_vs_nearest": ci_entry([s[name].inter_node_bytes for s in smp[rule]],
