@@ -173,3 +173,105 @@ def test_every_importer_says_what_it_leaves_out():
             assert f.not_imported and not_imported(name) != NOTHING_NOT_IMPORTED, name
     assert "input_ids" in not_imported("sglang-per-token")
     assert "prompt_token_ids" in not_imported("vllm-routed")
+
+
+# --------------------------------------------------------------------------------------------------- counts-only
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The bundled reference model on its first 10 held-out prompts (3 new tokens each), recorded twice the same
+    way: per token, and with ``--counts-only 4`` (windows of 4, 4 and 2 requests)."""
+    pytest.importorskip("transformers")
+    d = tmp_path_factory.mktemp("rec")
+    common = ["trace", "record", "--model", "reference", "--prompts", "builtin", "--max-new-tokens", "3",
+              "--max-requests", "10", "--no-weights"]
+    assert main([*common, str(d / "tokens.trace")]) == 0
+    assert main([*common, "--counts-only", "4", str(d / "counts.trace")]) == 0
+    return d / "tokens.trace", d / "counts.trace"
+
+
+def _token_rows(trace: Path) -> dict[str, np.ndarray]:
+    """The per-token trace's rows, read with pyarrow: request_id, phase [T], expert_ids [T, L*K]."""
+    t = pq.read_table(sorted(trace.glob("*.tokens.parquet")))
+    K = json.loads((trace / "meta.json").read_text())["top_k"]
+    ids = np.asarray(t.column("expert_ids").combine_chunks().flatten()).reshape(t.num_rows, -1)
+    return {"request_id": np.asarray(t.column("request_id")), "phase": np.asarray(t.column("phase")),
+            "expert_ids": ids, "K": K}
+
+
+def test_counts_only_record_keeps_per_window_counts_only(recorded):
+    """--counts-only 4: one count row per window and phase, equal to the per-token recording's selections counted
+    with bincount over the same windows; no token rows, no request rows, nothing per request."""
+    tokens, counts = recorded
+    meta = json.loads((counts / "meta.json").read_text())
+    assert meta["kind"] == "counts" and not meta["has_weights"] and meta["extra"]["counts_window_requests"] == 4
+    assert not list(counts.glob("*.tokens.parquet"))
+    assert sum(pq.read_metadata(f).num_rows for f in counts.glob("*.requests.parquet")) == 0
+    cols = _columns(counts)
+    assert all(c == COUNT_COLUMNS for n, c in cols.items() if n.endswith(".counts.parquet"))
+    got = pq.read_table(sorted(counts.glob("*.counts.parquet"))).to_pydict()
+    tok = _token_rows(tokens)
+    L, E = meta["num_layers"], meta["num_experts"]
+    rids = np.unique(tok["request_id"])
+    assert len(rids) == 10
+    window = {int(r): i // 4 for i, r in enumerate(np.sort(rids))}
+    want = {}
+    for w in range(3):
+        for p in (0, 1):
+            m = np.array([window[int(r)] == w for r in tok["request_id"]]) & (tok["phase"] == p)
+            layer = np.repeat(np.arange(L), tok["K"])[None, :]  # column j of the [T, L*K] row is layer j // K
+            c = np.zeros((L, E))
+            np.add.at(c, (np.broadcast_to(layer, tok["expert_ids"][m].shape), tok["expert_ids"][m]), 1)
+            want[(f"window{w}", p)] = (int(m.sum()), c)
+    assert sorted(zip(got["group"], got["phase"], strict=True)) == sorted(want)
+    for g, p, n, c in zip(got["group"], got["phase"], got["num_tokens"], got["counts"], strict=True):
+        assert n == want[(g, p)][0]
+        np.testing.assert_array_equal(np.asarray(c).reshape(L, E), want[(g, p)][1])
+    # the only strings are the window names and the windows' domains: no request id, source or length
+    _, strs = _values(counts)
+    assert set(strs) <= {f"window{w}" for w in range(3)} | {"code", "chat", "general", "math", "mixed", "unknown"}
+
+
+def test_eplb_plans_from_a_counts_only_recording(recorded, tmp_path):
+    """plan --strategy eplb on the counts-only trace gives the placement eplb gives for the load counted from the
+    per-token recording (every row, with bincount)."""
+    tokens, counts = recorded
+    tok = _token_rows(tokens)
+    meta = json.loads((tokens / "meta.json").read_text())
+    L, E = meta["num_layers"], meta["num_experts"]
+    load = np.zeros((L, E))
+    layer = np.repeat(np.arange(L), tok["K"])
+    for row in tok["expert_ids"]:
+        np.add.at(load, (layer, row), 1)
+    (tmp_path / "load.json").write_text(json.dumps(load.tolist()))
+    opts = ["--strategy", "eplb", "--cluster", "2x4", "--redundant", "8"]
+    assert main(["plan", str(counts), *opts, "--out", str(tmp_path / "from_counts.json")]) == 0
+    assert main(["plan", "--load", str(tmp_path / "load.json"), *opts, "--out", str(tmp_path / "from_load.json")]) == 0
+    a = json.loads((tmp_path / "from_counts.json").read_text())
+    b = json.loads((tmp_path / "from_load.json").read_text())
+    assert a["phy2log"] == b["phy2log"] and a["num_slots"] == E + 8
+    assert sorted(set(np.asarray(a["phy2log"]).ravel().tolist())) == list(range(E))
+
+
+def test_counts_sink_windows_domains_and_late_tokens(tmp_path):
+    """CountsSink on hand-made (synthetic) rows: arrival order makes the windows, a window of two domains is
+    'mixed', and tokens of a request whose window was already written are refused."""
+    from moeplace.trace import TraceError, TraceMeta, TraceWriter, read_counts
+    from moeplace.trace.capture_counts import CountsSink, counts_meta
+
+    meta = counts_meta(TraceMeta(model="hand-made", num_layers=2, num_experts=4, top_k=2, synthetic=True), 2)
+    ids = np.array([[[0, 1], [2, 3]], [[1, 2], [0, 3]], [[3, 0], [1, 2]]])  # [3 tokens, L=2, K=2]
+    with TraceWriter(tmp_path / "c.trace", meta) as w:
+        sink = CountsSink(w, 2)
+        sink.add_requests([10, 11, 12], domain=["code", "math", "code"])
+        sink.add_tokens([10, 11, 12], [0, 0, 0], [0, 0, 1], ids)
+        sink.flush()  # window 0 (requests 10, 11) is full and written; window 1 (request 12) stays open
+        with pytest.raises(TraceError, match="request 10 has no request row in an open window"):
+            sink.add_tokens([10], [1], [1], ids[:1])
+        sink.close()
+    c = read_counts(tmp_path / "c.trace")
+    assert c.group.tolist() == ["window0", "window1"] and c.domain.tolist() == ["mixed", "code"]
+    assert c.phase.tolist() == [0, 1] and c.num_tokens.tolist() == [2.0, 1.0]
+    np.testing.assert_array_equal(c.counts[0], [[1, 2, 1, 0], [1, 0, 1, 2]])
+    np.testing.assert_array_equal(c.counts[1], [[1, 0, 0, 1], [0, 1, 1, 0]])

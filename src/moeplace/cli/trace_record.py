@@ -34,6 +34,7 @@ scripts/prefill_trace.py builds a large held-out prefill trace of a reference mo
 PROMPTS is JSONL, one {"prompt": "...", "domain": "code"} per line ("domain", "subdomain" and "source" optional;
 without "source", a row with a "subdomain" is recorded with source "<domain>/<subdomain>", e.g. "code/c").
 Request ids are the line order (0, 1, ...); --sample-every n records the requests whose id hashes to 1 in n.
+--counts-only WINDOW keeps per-window expert counts only (docs/PRIVACY.md: what a per-token trace reveals).
 A shard is flushed every --flush-every requests and on SIGTERM or Ctrl-C, so a killed recording keeps what was
 flushed (meta.json then says "complete": false); see docs/RELIABILITY.md.
 Supported routers: """ + ", ".join(ROUTER_CLASSES) + " (see docs/CAPTURE.md)."
@@ -119,6 +120,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     if prefill_only:
         meta.extra["phases"] = ("prefill only: --max-new-tokens 0, batched forwards without generate "
                                 "(moeplace.trace.capture.record_prefill)")
+    if args.counts_only is not None:
+        from moeplace.trace.capture_counts import counts_meta
+
+        meta = counts_meta(meta, args.counts_only)
     default_source = "builtin" if args.prompts == "builtin" else Path(args.prompts).name
     from moeplace.trace.writer import TraceWriter
 
@@ -126,6 +131,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         with TraceWriter(args.out, meta, overwrite=args.overwrite, inputs=inputs) as w:
+            sink = None
+            if args.counts_only is not None:
+                from moeplace.trace.capture_counts import CountsSink
+
+                sink = w = CountsSink(w, args.counts_only)
             common = dict(domains=[r.get("domain") or "unknown" for r in rows],
                           sources=[prompt_source(r) or default_source for r in rows], progress=True,
                           flush_every=args.flush_every, max_requests=args.max_requests)
@@ -139,6 +149,8 @@ def cmd_record(args: argparse.Namespace) -> int:
                     generate_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
                     **common,
                 )
+            if sink is not None:
+                sink.close()
     except _Terminated:
         print(f"moeplace trace record: terminated; the requests flushed so far are in {args.out} "
               "(marked incomplete)", file=sys.stderr)
@@ -146,6 +158,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     foe = f", FoE groups H={meta.foe_groups}" if meta.foe_groups > 1 else ""
+    if sink is not None:
+        foe += f"; counts only: {sink.windows_written} windows of {args.counts_only} requests, no token rows"
     rate = f", {s['prefill_tokens'] / s['seconds']:,.0f} prompt tokens/s" if prefill_only and s["seconds"] > 0 else ""
     print(f"recorded {s['requests']} requests ({s['prefill_tokens']} prefill + {s['decode_tokens']} decode tokens; "
           f"L={meta.num_layers}, E={meta.num_experts}, k={meta.top_k}{foe}) in {s['seconds']:.1f} s{rate} "
@@ -190,6 +204,10 @@ def register(tsub: argparse._SubParsersAction) -> None:
                    help=f"write a shard every N requests, so a kill loses at most N (default {DEFAULT_FLUSH_EVERY}; "
                         f"{DEFAULT_PREFILL_FLUSH_EVERY} with --max-new-tokens 0, where N is also the window sorted "
                         "by length)")
+    p.add_argument("--counts-only", type=int_in(1, 1 << 30), default=None, metavar="WINDOW",
+                   help="write per-window counts instead of per-token routing: each WINDOW consecutive requests "
+                        "become one count row per phase (per layer and expert); no token rows, request ids or "
+                        "lengths (a counts trace for plan --strategy eplb; docs/PRIVACY.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT if it is a moeplace trace (the new one is swapped in when complete)")
     p.add_argument("out", metavar="OUT", type=output_dir, help="trace directory to write")
