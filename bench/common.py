@@ -107,3 +107,22 @@ def fmt_load(la: list[float]) -> str:
 
 def median(xs: list[float]) -> float:
     return float(np.median(np.asarray(xs, np.float64)))
+
+
+def paired_ci(plan: list, base: list) -> dict | None:
+    """``{"ratio", "ci95", "microbatches", "seeds", "decided"}``: sum(plan) / sum(base) with its paired two-level
+    bootstrap interval (:func:`moeplace.evaluate.intervals.paired_ratio_ci`, the one implementation). plan, base:
+    per seed, float [B_s] of the same units (micro-batches, windows) in the same order. None when the base sums
+    to 0 (no ratio exists)."""
+    from moeplace.evaluate.intervals import paired_ratio_ci
+
+    if sum(float(np.sum(b)) for b in base) <= 0:
+        return None
+    ci = paired_ratio_ci(plan, base)
+    return {**ci.to_json(), "decided": ci.decided}
+
+
+def seed_spread(xs: list[float]) -> dict:
+    """A per-seed quantity that is not a ratio of sums (no bootstrap interval): its median over seeds, the range
+    and every seed's value."""
+    return {"median": median(xs), "min": float(min(xs)), "max": float(max(xs)), "per_seed": [float(x) for x in xs]}

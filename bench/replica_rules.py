@@ -32,26 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-from common import BenchRun, median
+from common import BenchRun, paired_ci, seed_spread
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "src" / "moeplace" / "data" / "reference-default.trace"
 STRATEGIES = ("linear", "eplb", "activation-clusters")
 RULES = ("nearest-least-loaded", "balanced", "balanced-local")
-
-
-def ci_entry(plan: list, base: list) -> dict:
-    """``{"ratio", "ci95", "decided", "microbatches", "seeds"}`` of the paired ratio sum(plan) / sum(base).
-    plan, base: per seed, float [B_s] of the same micro-batches."""
-    from moeplace.evaluate.intervals import paired_ratio_ci
-
-    ci = paired_ratio_ci(plan, base)
-    return {**ci.to_json(), "decided": ci.decided}
-
-
-def spread(xs: list[float]) -> dict:
-    """Median over split seeds and the range."""
-    return {"median": median(xs), "min": float(min(xs)), "max": float(max(xs)), "per_seed": [float(x) for x in xs]}
 
 
 def bench_workload(trace_path: Path, cluster, redundant: int, cost, seeds: list[int]) -> dict:
@@ -92,16 +78,16 @@ def bench_workload(trace_path: Path, cluster, redundant: int, cost, seeds: list[
                 "layer_time_us": ph["layer_time_s"] * 1e6, "bound_balanced_us": ph["bound_balanced_s"] * 1e6,
                 "bound_local_us": ph["bound_local_s"] * 1e6,
                 "ratio_to_baseline": ph["ratio_to_baseline"], "ci95": ph["ci95"], "decided": ph["decided"],
-                "time_vs_nearest": ci_entry([s[name].layer for s in smp[rule]], [s[name].layer for s in smp[near]]),
-                "inter_node_bytes_vs_nearest": ci_entry([s[name].inter_node_bytes for s in smp[rule]],
+                "time_vs_nearest": paired_ci([s[name].layer for s in smp[rule]], [s[name].layer for s in smp[near]]),
+                "inter_node_bytes_vs_nearest": paired_ci([s[name].inter_node_bytes for s in smp[rule]],
                                                         [s[name].inter_node_bytes for s in smp[near]]),
                 "inter_node_bytes_per_microbatch_layer": float(
                     sum(s[name].inter_node_bytes.sum() for s in smp[rule])
                     / sum(len(s[name].inter_node_bytes) for s in smp[rule]) / L),
-                "balancedness_median_microbatch": spread([j[name]["balancedness"]["median_microbatch"]
+                "balancedness_median_microbatch": seed_spread([j[name]["balancedness"]["median_microbatch"]
                                                           for j in sim[rule]]),
-                "balancedness_total": spread([j[name]["balancedness"]["total"] for j in sim[rule]]),
-                "node_local_rate": spread([j[name]["node_local_rate"]["total"] for j in sim[rule]]),
+                "balancedness_total": seed_spread([j[name]["balancedness"]["total"] for j in sim[rule]]),
+                "node_local_rate": seed_spread([j[name]["node_local_rate"]["total"] for j in sim[rule]]),
             }
         out["strategies"][name] = rows
 
