@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "num_requests, num_tokens{prefill,decode}, domains, ...)")
     pi.set_defaults(func=cmd_info)
 
-    from moeplace.cli import trace_import, trace_record
+    from moeplace.cli import trace_compact, trace_import, trace_record
 
     trace_record.register(tsub)
     trace_import.register(tsub)
+    trace_compact.register(tsub)

@@ -151,6 +151,12 @@ def _row_bytes(kind: str, meta: TraceMeta, columns: Sequence[str] | None = None)
     return 3 * sum(v for k, v in sizes.items() if columns is None or k in columns)
 
 
+def decoded_row_bytes(kind: str, meta: TraceMeta, columns: Sequence[str] | None = None) -> int:
+    """Bytes one row of a ``kind`` file ("tokens", "requests" or "counts") costs the readers once decoded: what
+    the memory budget is checked against (a writer that sizes shards for the readers uses the same figure)."""
+    return _row_bytes(kind, meta, columns)
+
+
 def _open_parquet(f: Path, row_bytes: int, budget: int | None, what: str = "trace shard") -> pq.ParquetFile:
     """Open a Parquet file after checking it is a readable regular file whose footer fits its size and the budget.
 
@@ -321,13 +327,23 @@ def _require_tokens(meta: TraceMeta, p: Path, what: str) -> None:
         )
 
 
+def _select_shards(p: Path, files: list[Path], shards: Sequence[int] | None) -> list[Path]:
+    if shards is None:
+        return files
+    bad = [i for i in shards if not 0 <= i < len(files)]
+    if bad:
+        raise TraceError(f"{p}: no shard {bad[0]} (the trace has {len(files)} shards)")
+    return [files[i] for i in shards]
+
+
 def _iter_token_batches(p: Path, meta: TraceMeta, columns: list[str], batch_rows: int, check_requests: bool,
-                        budget: int | None) -> Iterator[tuple[Path, pa.RecordBatch, _KnownRequests | None]]:
+                        budget: int | None, shards: Sequence[int] | None = None
+                        ) -> Iterator[tuple[Path, pa.RecordBatch, _KnownRequests | None]]:
     files = shard_files(p, meta)
     known = _KnownRequests(_read_requests(p, files, meta, budget).request_id) if check_requests else None
     schema = tokens_schema(meta)
     rb = _row_bytes("tokens", meta, columns)
-    for f in files:
+    for f in _select_shards(p, files, shards):
         pf = _open_parquet(f, rb, budget)
         _check_schema(f, pf.schema_arrow, schema)  # every column the metadata promises, even those not read
         try:
@@ -343,12 +359,14 @@ def iter_token_chunks(
     columns_weights: bool = True,
     check_requests: bool = True,
     budget: int | None = None,
+    shards: Sequence[int] | None = None,
 ) -> Iterator[TokenChunk]:
     """Stream a per-token trace in chunks of at most ``chunk_tokens`` rows (bounded memory).
 
     Every chunk is validated: schema, shape, no nulls, expert ids in range and distinct within a token's top-k,
     phase, positions >= 0 and (``check_requests``) request ids present in the request table. Set
-    ``columns_weights=False`` to skip reading routing weights.
+    ``columns_weights=False`` to skip reading routing weights. ``shards``: indices of the shards to read (in the
+    order given; default all, in trace order), so that workers can each stream their own shards.
     """
     if chunk_tokens < 1:
         raise TraceError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
@@ -358,7 +376,7 @@ def iter_token_chunks(
     cols = [c for c in tokens_schema(meta).names if columns_weights or c != "expert_weights"]
     m = meta if columns_weights else TraceMeta(**{**asdict(meta), "has_weights": False})
     check_memory(chunk_tokens * _row_bytes("tokens", meta, cols), f"a chunk of {chunk_tokens} token rows", p, budget)
-    for f, batch, known in _iter_token_batches(p, meta, cols, chunk_tokens, check_requests, budget):
+    for f, batch, known in _iter_token_batches(p, meta, cols, chunk_tokens, check_requests, budget, shards):
         yield _batch_to_chunk(batch, m, f, known)
 
 
@@ -367,12 +385,14 @@ def iter_light_columns(
     batch_rows: int = 1 << 20,
     check_requests: bool = True,
     budget: int | None = None,
+    shards: Sequence[int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Stream ``(request_id int64 [T], position int32 [T], phase int8 [T])`` of every token, without routing.
 
     ``source`` is a trace directory (read in batches of ``batch_rows`` rows, with the same validation as
     :func:`iter_token_chunks`: footers against file sizes and the memory budget, schema, nulls, phase,
-    positions >= 0, request ids in the request table) or an in-memory :class:`Trace` (one batch).
+    positions >= 0, request ids in the request table; ``shards`` as there) or an in-memory :class:`Trace`
+    (one batch).
     """
     if isinstance(source, Trace):
         if source.tokens is None:
@@ -386,18 +406,24 @@ def iter_light_columns(
     meta = read_meta(p, budget)
     _require_tokens(meta, p, "reading token rows")
     cols = ["request_id", "position", "phase"]
-    for f, batch, known in _iter_token_batches(p, meta, cols, batch_rows, check_requests, budget):
+    for f, batch, known in _iter_token_batches(p, meta, cols, batch_rows, check_requests, budget, shards):
         _check_nulls(f, batch)
         yield _light_arrays(batch, f, known)
 
 
 def num_token_rows(path: str | os.PathLike, budget: int | None = None) -> int:
     """Token rows of a per-token trace, from the validated Parquet footers (nothing is decoded)."""
+    return sum(shard_token_rows(path, budget))
+
+
+def shard_token_rows(path: str | os.PathLike, budget: int | None = None) -> list[int]:
+    """Token rows of each shard of a per-token trace, in trace order, from the validated Parquet footers (nothing
+    is decoded): where each shard starts in trace order, for workers that each take some shards."""
     p = _trace_dir(path)
     meta = read_meta(p, budget)
     _require_tokens(meta, p, "counting token rows")
     rb = _row_bytes("tokens", meta, ["request_id", "position", "phase"])
-    return sum(_open_parquet(f, rb, budget).metadata.num_rows for f in shard_files(p, meta))
+    return [_open_parquet(f, rb, budget).metadata.num_rows for f in shard_files(p, meta)]
 
 
 def _concat_chunks(chunks: list[TokenChunk], meta: TraceMeta) -> TokenChunk:

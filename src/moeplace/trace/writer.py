@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -109,6 +109,8 @@ class TraceWriter:
       beside it and swapped in only when it closes cleanly; the old one is kept if anything fails.
 
     Leftovers of a killed writer of the same ``path`` (hidden ``.<name>.new-<pid>-*`` folders) are removed.
+    ``verify(folder)``, when given, is called on the finished trace before it is moved into place; whatever it
+    raises discards the new trace (built aside) and leaves ``path`` as it was.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class TraceWriter:
         overwrite: bool = False,
         keep_partial: bool = True,
         inputs: Sequence[str | os.PathLike] = (),
+        verify: Callable[[Path], None] | None = None,
     ) -> None:
         if shard_tokens < 1:
             raise TraceError(f"shard_tokens must be >= 1, got {shard_tokens}")
@@ -129,6 +132,7 @@ class TraceWriter:
                                  "written_by": WRITTEN_BY})
         self.shard_tokens = shard_tokens
         self.keep_partial = keep_partial
+        self.verify = verify
         try:
             make_dirs(self.final_path.parent)
         except OutputError as e:
@@ -309,6 +313,8 @@ class TraceWriter:
             self.flush()
             self.meta.complete = True
             atomic_write_json(self.meta.to_json(), self.path / META_FILE, indent=2)
+            if self.verify is not None:  # e.g. trace compact: the copy must equal its input before it is renamed
+                self.verify(self.path)
             if self._aside:
                 self._move_into_place()
         except BaseException:
