@@ -9,6 +9,12 @@ not through moeplace's reader.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -275,3 +281,160 @@ def test_counts_sink_windows_domains_and_late_tokens(tmp_path):
     assert c.phase.tolist() == [0, 1] and c.num_tokens.tolist() == [2.0, 1.0]
     np.testing.assert_array_equal(c.counts[0], [[1, 2, 1, 0], [1, 0, 1, 2]])
     np.testing.assert_array_equal(c.counts[1], [[1, 0, 0, 1], [0, 1, 1, 0]])
+
+
+# --------------------------------------------------------------------------------------------------- operate's server
+
+SECRET_IDS = [7340033 + 97 * i for i in range(24)]  # request ids no served number could equal by chance
+
+
+@pytest.fixture(scope="module")
+def secret_trace(tmp_path_factory):
+    """A synthetic per-token trace (gpt-oss-20b's E=32, k=4; 2 layers) whose request ids and sources are
+    distinctive, so a served body that leaked them would show it."""
+    from moeplace.trace import TraceMeta, TraceWriter
+
+    rng = np.random.default_rng(5)
+    path = tmp_path_factory.mktemp("srv") / "secret.trace"
+    meta = TraceMeta(model="synthetic-privacy", num_layers=2, num_experts=32, top_k=4, synthetic=True,
+                     source="tests/test_privacy.py (synthetic)")
+    with TraceWriter(path, meta) as w:
+        n = len(SECRET_IDS)
+        w.add_requests(SECRET_IDS, domain=["code", "math"] * (n // 2),
+                       source=[f"secret-src-{i}-XQ" for i in range(n)], prompt_len=[6] * n, gen_len=[3] * n)
+        rid = np.repeat(SECRET_IDS, 9)
+        pos = np.tile(np.arange(9), n)
+        ph = np.tile(np.r_[np.zeros(6), np.ones(3)].astype(np.int8), n)
+        ids = np.argsort(rng.random((len(rid), 2, 32)), axis=2)[:, :, :4]
+        w.add_tokens(rid, pos, ph, ids)
+    return path
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on, from /proc (IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))
+        except OSError:
+            continue
+        if m:
+            inodes.add(m.group(1))
+    out = []
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = f[1].split(":")
+            raw = bytes.fromhex(addr)
+            if v6:  # four little-endian 32-bit words
+                import ipaddress
+
+                ip = str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+            else:
+                ip = ".".join(str(b) for b in raw[::-1])
+            out.append((ip, int(port, 16)))
+    return out
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+def _serve(trace: Path, *extra: str):
+    """``moeplace operate`` on ``trace`` with its metrics server (port 0), in its own process, as a user runs it:
+    returns (process, base URL) once its JSON state says the loop is done."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moeplace", "operate", str(trace), "--cluster", "2x4", "--redundant", "8",
+         "--model-preset", "gpt-oss-20b", "--window-requests", "8", "--decode-batch", "8", "--sample-every", "1",
+         "--policy", "periodic", "--period-steps", "4", "--metrics-port", "0", "--linger", "120", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = None
+    for line in proc.stdout:
+        m = re.match(r"metrics on (http://\S+)/metrics", line)
+        if m:
+            url = m.group(1)
+            break
+    assert url, proc.stderr.read()
+    deadline = time.monotonic() + 60
+    while not json.loads(_get(f"{url}/api/state")).get("done"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _keys(obj) -> set[str]:
+    if isinstance(obj, dict):
+        return set(obj) | set().union(*(_keys(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_keys(v) for v in obj)) if obj else set()
+    return set()
+
+
+def test_operate_server_listens_on_loopback_and_serves_no_request_data(secret_trace):
+    """The real ``moeplace operate`` process: its only listening socket is 127.0.0.1:PORT; /metrics carries only
+    the gpu and domain labels; /metrics, /api/state and / hold no request id, no source, no per-request key."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    proc, url = _serve(secret_trace)
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        assert _listening(proc.pid) == [("127.0.0.1", port)]
+        bodies = {p: _get(f"{url}{p}").decode() for p in ("/metrics", "/api/state", "/")}
+    finally:
+        _stop(proc)
+    labels = {}
+    for fam in text_string_to_metric_families(bodies["/metrics"]):
+        for smp in fam.samples:
+            for k, v in smp.labels.items():
+                labels.setdefault(k, set()).add(v)
+    assert set(labels) == {"gpu", "domain"}
+    assert labels["domain"] == {"code", "math"} and labels["gpu"] == {str(g) for g in range(8)}
+    state = json.loads(bodies["/api/state"])
+    assert state["done"] and state["windows"] == 3
+    assert not _keys(state) & {"request_id", "request_ids", "source", "sources", "prompt_len", "gen_len",
+                               "position", "positions", "prompt", "requests"}
+    for body in bodies.values():
+        assert "secret-src" not in body
+        assert not any(str(r) in body for r in SECRET_IDS)
+
+
+def test_operate_metrics_host_flag(secret_trace, capsys):
+    """--metrics-host binds the address it names (127.0.0.2, another loopback address, so nothing is exposed);
+    without --metrics-port, or empty, it is refused with one line."""
+    proc, url = _serve(secret_trace, "--metrics-host", "127.0.0.2")
+    try:
+        assert url.startswith("http://127.0.0.2:")
+        assert _listening(proc.pid) == [("127.0.0.2", int(url.rsplit(":", 1)[1]))]
+        assert b"moeplace_balancedness_ratio" in _get(f"{url}/metrics")
+    finally:
+        _stop(proc)
+    assert main(["operate", str(secret_trace), "--cluster", "2x4", "--model-preset", "gpt-oss-20b",
+                 "--metrics-host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-host" in err and "--metrics-port" in err and len(err.strip().splitlines()) == 1
+    assert main(["operate", str(secret_trace), "--cluster", "2x4", "--model-preset", "gpt-oss-20b",
+                 "--metrics-port", "0", "--metrics-host", ""]) == 2
+    assert "--metrics-host: empty" in capsys.readouterr().err
+
+
+def test_loopback_addresses():
+    """What operate treats as this-machine-only (a note on stderr for anything else)."""
+    from moeplace.operate.metrics import DEFAULT_HOST, is_loopback
+
+    assert DEFAULT_HOST == "127.0.0.1"
+    assert all(map(is_loopback, ["127.0.0.1", "127.0.0.2", "::1", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.1", "192.168.1.5", "example.org"]))

@@ -5,6 +5,7 @@ routing produced as it happens by a model's ``generate`` (``--source live --mode
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moeplace.cli import MAX_REDUNDANT, CliError, device_spec, float_in, int_in, output_dir, output_file, param_type
 from moeplace.cli.options import add_deployment_options, batch_config, deployment_from_args, refuse_unpriced
@@ -52,9 +53,19 @@ def format_policies() -> str:
 
 def cmd_operate(args: argparse.Namespace) -> int:
     from moeplace.operate import OperateConfig
+    from moeplace.operate.metrics import DEFAULT_HOST, is_loopback
     from moeplace.operate.service import open_stream, run
 
     params = policy_flags(args)  # before any work: a flag the policy does not take is exit 2
+    if args.metrics_host is not None:
+        if args.metrics_port is None:
+            raise CliError("--metrics-host applies to the metrics server: give --metrics-port too")
+        if not args.metrics_host:
+            raise CliError("--metrics-host: empty; give an address (0.0.0.0 or :: listens on every interface)")
+        if not is_loopback(args.metrics_host):
+            print(f"moeplace operate: note: --metrics-host {args.metrics_host} is not loopback: every machine that "
+                  "reaches it can read the metrics and the dashboard (per-window aggregates, no request data; "
+                  "docs/PRIVACY.md)", file=sys.stderr)
     refuse_unpriced(args, ("--cluster", "--cluster-preset", "--rule", "--decode-batch", "--prefill-tokens"),
                     "operate (sizes come from --model-preset)")
     dep = deployment_from_args(args)
@@ -87,7 +98,8 @@ def cmd_operate(args: argparse.Namespace) -> int:
                              schedule, args.stream_requests, args.stream_key)
     print(f"stream: {stream.label}", flush=True)
     res = run(stream, cfg, args.policy, args.out, args.json, args.metrics_port, args.linger,
-              on_start=lambda url: print(f"metrics on {url}/metrics, dashboard on {url}/", flush=True), **params)
+              on_start=lambda url: print(f"metrics on {url}/metrics, dashboard on {url}/", flush=True),
+              metrics_host=args.metrics_host or DEFAULT_HOST, **params)
     print(f"policy {res.policy}: total {res.total_time_s:.6f} s = layers {res.layer_time_s:.6f} s + migration "
           f"{res.migration_time_s:.6f} s; {res.rebalances} rebalances moving {res.migration_bytes / 1e9:.3f} GB; "
           f"mean balancedness {res.mean_balancedness:.4f} over {len(res.windows)} windows")
@@ -161,6 +173,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="pace the replay: wall-clock seconds per forward pass (0: as fast as possible)")
     p.add_argument("--metrics-port", type=int_in(0, 65535), help="serve /metrics and the dashboard on "
                    "127.0.0.1:PORT (0: any free port)")
+    p.add_argument("--metrics-host", metavar="HOST", help="address the metrics server listens on (default "
+                   "127.0.0.1: this machine only; 0.0.0.0 or :: for every interface; docs/PRIVACY.md)")
     p.add_argument("--linger", type=float_in(0, 86400), default=0.0, help="keep serving SECONDS after the end")
     p.add_argument("--out", type=output_dir, help="folder for plan.json, migration.json, sglang.json, vllm.json "
                    "and changes/")

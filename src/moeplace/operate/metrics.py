@@ -1,6 +1,7 @@
 """Prometheus metrics of the operate loop, the HTTP endpoint that serves them, and the live dashboard.
 
-One server on ``127.0.0.1:PORT`` (port 0: any free port) serves:
+One server on ``127.0.0.1:PORT`` (port 0: any free port; ``host`` / ``--metrics-host`` binds another address)
+serves what the loop aggregates per window, never a request's id, source, text or length:
 
 - ``/metrics``: the Prometheus text format (prometheus-client), names below;
 - ``/``: the dashboard, plain HTML whose script polls ``/api/state`` every second and redraws itself;
@@ -33,7 +34,9 @@ serve, and a metric that is always 0 would only invite an alert on it:
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -280,23 +283,47 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class MetricsServer:
-    """The endpoint and dashboard on 127.0.0.1:``port`` in a daemon thread (port 0: a free port)."""
+DEFAULT_HOST = "127.0.0.1"  # loopback: only this machine reaches the endpoint unless --metrics-host says otherwise
 
-    def __init__(self, metrics: OperateMetrics, port: int = 0) -> None:
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IPv4 or IPv6 address, or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """The endpoint and dashboard on ``host``:``port`` in a daemon thread (port 0: a free port). ``host`` is
+    127.0.0.1 unless given: what is served is aggregate (module docstring), but only loopback keeps it on this
+    machine (docs/PRIVACY.md)."""
+
+    def __init__(self, metrics: OperateMetrics, port: int = 0, host: str = DEFAULT_HOST) -> None:
+        if not host:
+            raise ValueError("--metrics-host: empty; give an address (0.0.0.0 or :: listens on every interface)")
         handler = type("OperateHandler", (_Handler,), {"metrics": metrics})
+        cls = _Server6 if ":" in host else ThreadingHTTPServer
         try:
-            self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        except OSError as e:
-            raise ValueError(f"--metrics-port {port}: cannot listen on 127.0.0.1 ({e.strerror or e})") from None
+            self.httpd = cls((host, port), handler)
+        except (OSError, OverflowError, UnicodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise ValueError(f"--metrics-host {host} --metrics-port {port}: cannot listen there ({why})") from None
         self.httpd.daemon_threads = True
+        self.host = host
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="moeplace-metrics", daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     def close(self) -> None:
         self.httpd.shutdown()

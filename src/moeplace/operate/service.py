@@ -8,7 +8,7 @@ from pathlib import Path
 
 from moeplace.io import atomic_write_json
 from moeplace.operate.loop import OperateConfig, OperateError, OperateResult, operate
-from moeplace.operate.metrics import MetricsServer, OperateMetrics
+from moeplace.operate.metrics import DEFAULT_HOST, MetricsServer, OperateMetrics
 from moeplace.operate.orders import STREAM_ORDERS
 from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stream, trace_stream
 from moeplace.operate.workloads import MixSchedule
@@ -34,14 +34,15 @@ def open_stream(path: str | Path, window_requests: int, order: str = "table", se
 
 def run(stream: Stream, cfg: OperateConfig, policy: str = "moeplace", out: str | Path | None = None,
         json_path: str | Path | None = None, metrics_port: int | None = None, linger_s: float = 0.0,
-        on_start: object = None, **policy_params: object) -> OperateResult:
-    """Run the loop on ``stream``; with ``metrics_port`` serve /metrics, / and /api/state on 127.0.0.1 (the port
-    is passed to ``on_start(url)`` once listening) and keep serving ``linger_s`` seconds after the end. The JSON
-    summary (benchmark keys, parameters, per-window history) goes to ``json_path``."""
+        on_start: object = None, metrics_host: str = DEFAULT_HOST, **policy_params: object) -> OperateResult:
+    """Run the loop on ``stream``; with ``metrics_port`` serve /metrics, / and /api/state on ``metrics_host``
+    (127.0.0.1 unless given; the URL is passed to ``on_start(url)`` once listening) and keep serving ``linger_s``
+    seconds after the end. The JSON summary (benchmark keys, parameters, per-window history) goes to
+    ``json_path``."""
     metrics = server = None
     if metrics_port is not None:
         metrics = OperateMetrics(drops=cfg.capacity_factor is not None)
-        server = MetricsServer(metrics, metrics_port)
+        server = MetricsServer(metrics, metrics_port, metrics_host)
         if callable(on_start):
             on_start(server.url)
     try:
