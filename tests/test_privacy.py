@@ -87,7 +87,9 @@ def assert_no_token_ids(trace: Path, seqs: list[list[int]]) -> None:
     nums, strs = _values(trace)
     blobs = [p.read_bytes() for p in trace.iterdir() if p.is_file()]
     for seq in seqs:
-        probe = seq[:4]  # four consecutive ids already identify the run
+        # four consecutive ids already identify the run: the four with the largest smallest id, so that no expert
+        # id, position, length or request number of a small trace can be mistaken for them
+        probe = max((seq[i:i + 4] for i in range(len(seq) - 3)), key=min)
         assert not any(_has_run(a, probe) for a in nums), f"token ids {probe} found in a column of {trace}"
         text = ", ".join(map(str, probe))
         assert not any(text in s or ",".join(map(str, probe)) in s for s in strs)
@@ -237,6 +239,18 @@ def test_counts_only_record_keeps_per_window_counts_only(recorded):
     # the only strings are the window names and the windows' domains: no request id, source or length
     _, strs = _values(counts)
     assert set(strs) <= {f"window{w}" for w in range(3)} | {"code", "chat", "general", "math", "mixed", "unknown"}
+
+
+def test_trace_record_keeps_no_token_ids(recorded):
+    """Neither recording holds the prompts' token ids (the recorder reads them to find EOS, and drops them)."""
+    from moeplace.models.reference import builtin_prompts, load_reference
+
+    _, tokenizer = load_reference()
+    seqs = [tokenizer(r["prompt"])["input_ids"] for r in builtin_prompts()[:10]]
+    seqs = [q for q in seqs if len(q) >= 4 and min(max((q[i:i + 4] for i in range(len(q) - 3)), key=min)) > 256]
+    assert len(seqs) >= 8  # ids above 256: beyond every expert id, position and length of these traces
+    for trace in recorded:
+        assert_no_token_ids(trace, seqs)
 
 
 def test_eplb_plans_from_a_counts_only_recording(recorded, tmp_path):
