@@ -443,6 +443,17 @@ def test_operate_metrics_host_flag(secret_trace, capsys):
     assert main(["operate", str(secret_trace), "--cluster", "2x4", "--model-preset", "gpt-oss-20b",
                  "--metrics-port", "0", "--metrics-host", ""]) == 2
     assert "--metrics-host: empty" in capsys.readouterr().err
+    import socket
+
+    with socket.socket() as busy:  # a port in use, an unknown name: refused before the stream is opened
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        for host, port in (("127.0.0.1", busy.getsockname()[1]), ("no-such-host.invalid", 0)):
+            assert main(["operate", str(secret_trace), "--cluster", "2x4", "--model-preset", "gpt-oss-20b",
+                         "--metrics-port", str(port), "--metrics-host", host]) == 2
+            out, err = capsys.readouterr()
+            assert f"--metrics-host {host} --metrics-port {port}: cannot listen there" in err
+            assert len(err.strip().splitlines()) == 1 and "stream:" not in out
 
 
 def test_loopback_addresses():

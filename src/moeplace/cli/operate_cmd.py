@@ -53,18 +53,18 @@ def format_policies() -> str:
 
 def cmd_operate(args: argparse.Namespace) -> int:
     from moeplace.operate import OperateConfig
-    from moeplace.operate.metrics import DEFAULT_HOST, is_loopback
+    from moeplace.operate.metrics import DEFAULT_HOST, check_listen, is_loopback
     from moeplace.operate.service import open_stream, run
 
     params = policy_flags(args)  # before any work: a flag the policy does not take is exit 2
-    if args.metrics_host is not None:
-        if args.metrics_port is None:
-            raise CliError("--metrics-host applies to the metrics server: give --metrics-port too")
-        if not args.metrics_host:
-            raise CliError("--metrics-host: empty; give an address (0.0.0.0 or :: listens on every interface)")
-        if not is_loopback(args.metrics_host):
-            print(f"moeplace operate: note: --metrics-host {args.metrics_host} is not loopback: every machine that "
-                  "reaches it can read the metrics and the dashboard (per-window aggregates, no request data; "
+    if args.metrics_host is not None and args.metrics_port is None:
+        raise CliError("--metrics-host applies to the metrics server: give --metrics-port too")
+    host = DEFAULT_HOST if args.metrics_host is None else args.metrics_host
+    if args.metrics_port is not None:
+        check_listen(host, args.metrics_port)  # an unknown host or a port in use: one line, before any work
+        if not is_loopback(host):
+            print(f"moeplace operate: note: --metrics-host {host} is not loopback: every machine that reaches it "
+                  "can read the metrics and the dashboard (per-window aggregates, no request data; "
                   "docs/PRIVACY.md)", file=sys.stderr)
     refuse_unpriced(args, ("--cluster", "--cluster-preset", "--rule", "--decode-batch", "--prefill-tokens"),
                     "operate (sizes come from --model-preset)")
@@ -99,7 +99,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
     print(f"stream: {stream.label}", flush=True)
     res = run(stream, cfg, args.policy, args.out, args.json, args.metrics_port, args.linger,
               on_start=lambda url: print(f"metrics on {url}/metrics, dashboard on {url}/", flush=True),
-              metrics_host=args.metrics_host or DEFAULT_HOST, **params)
+              metrics_host=host, **params)
     print(f"policy {res.policy}: total {res.total_time_s:.6f} s = layers {res.layer_time_s:.6f} s + migration "
           f"{res.migration_time_s:.6f} s; {res.rebalances} rebalances moving {res.migration_bytes / 1e9:.3f} GB; "
           f"mean balancedness {res.mean_balancedness:.4f} over {len(res.windows)} windows")

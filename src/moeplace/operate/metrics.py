@@ -300,6 +300,24 @@ class _Server6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
+def _listen_error(host: str, port: int, e: BaseException) -> ValueError:
+    why = getattr(e, "strerror", None) or e
+    return ValueError(f"--metrics-host {host} --metrics-port {port}: cannot listen there ({why})")
+
+
+def check_listen(host: str, port: int) -> None:
+    """ValueError naming the flags when ``host``:``port`` cannot be listened on (an unknown name, an address not
+    on this machine, a port in use), so operate refuses before any work; :class:`MetricsServer` binds again."""
+    if not host:
+        raise ValueError("--metrics-host: empty; give an address (0.0.0.0 or :: listens on every interface)")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            s.bind((host, port))
+    except (OSError, OverflowError, UnicodeError) as e:
+        raise _listen_error(host, port, e) from None
+
+
 class MetricsServer:
     """The endpoint and dashboard on ``host``:``port`` in a daemon thread (port 0: a free port). ``host`` is
     127.0.0.1 unless given: what is served is aggregate (module docstring), but only loopback keeps it on this
@@ -313,8 +331,7 @@ class MetricsServer:
         try:
             self.httpd = cls((host, port), handler)
         except (OSError, OverflowError, UnicodeError) as e:
-            why = getattr(e, "strerror", None) or e
-            raise ValueError(f"--metrics-host {host} --metrics-port {port}: cannot listen there ({why})") from None
+            raise _listen_error(host, port, e) from None
         self.httpd.daemon_threads = True
         self.host = host
         self.port = self.httpd.server_address[1]
