@@ -50,7 +50,8 @@ def test_every_strategy_gives_a_valid_plan(name, work):
         assert len(plan.homes) == work.num_requests
         counts = np.bincount(list(plan.homes.values()), minlength=4)
         assert counts.max() - counts.min() <= 2  # capacity-balanced homes
-        assert plan.grouper is not None
+        # joint without evidence of a win deploys the baseline: round-robin homes, no grouper
+        assert plan.grouper is not None or (name == "joint" and plan.fallback is not None)
     again = Plan.from_json(plan.to_json())
     np.testing.assert_array_equal(again.placement.phy2log, plan.placement.phy2log)
     assert again.homes == plan.homes

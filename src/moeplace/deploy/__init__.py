@@ -56,7 +56,7 @@ class Deployment:
 
 
 TIME_PARAMS = ("hidden_size", "dispatch_bytes", "combine_bytes", "mode", "rule", "overlap", "decode_batch",
-               "prefill_tokens")
+               "prefill_tokens", "decode_running")
 
 __all__ = ["CLUSTER_PRESETS", "HARDWARE_FIELDS", "MODEL_PRESETS", "TIME_PARAMS", "ClusterPreset", "Deployment",
            "Hardware", "ModelPreset", "expert_groups", "find_model", "get_cluster_preset", "get_model", "parse_cluster"]

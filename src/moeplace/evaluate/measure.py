@@ -33,13 +33,14 @@ from moeplace.deploy import Deployment, expert_groups
 from moeplace.evaluate.intervals import paired_ratio_ci
 from moeplace.evaluate.windows import Windows, held_out_homes, scoring_trace
 from moeplace.placement import Cluster, Plan
+from moeplace.plan.registry import get_strategy
 from moeplace.simulate import BatchConfig, CostConfig, SimResult, simulate
 from moeplace.simulate.batching import build_layout
+from moeplace.simulate.config import BASELINE_RULES
 from moeplace.simulate.result import PhaseResult
 from moeplace.trace.types import DECODE, PREFILL, Trace
 
 MIN_MICROBATCHES = 20  # full micro-batches a phase must form to be scored under a profile
-BASELINE_RULES = ("nearest-static", "nearest-least-loaded", "balanced")
 PHASE_CODES = {"prefill": PREFILL, "decode": DECODE}
 
 
@@ -136,15 +137,17 @@ def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
 
 def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
              phases: tuple[str, ...] = ("prefill", "decode")) -> SimResult:
-    """Replay the held-out window's scored rows of ``phases`` on ``plan`` under ``setup`` (``rule`` overrides its
-    rule); a phase left out has no micro-batches in the result."""
+    """Replay the held-out window's scored rows of ``phases`` on ``plan`` under ``setup``; the replica rule is
+    ``rule`` when given, else the plan's own (:attr:`Plan.dispatch_rule`, a plan chosen with its dispatch), else the
+    setup's. A phase left out has no micro-batches in the result."""
     homes = held_out_homes(plan, windows.held, windows.held_signal)
     ev = Plan(plan.placement, plan.cluster, homes, plan.strategy)
     tr = scoring_trace(windows.held, windows.held_signal)
     if set(phases) != set(PHASE_CODES):
         keep = np.isin(tr.tokens.phase, [PHASE_CODES[p] for p in phases])
         tr = Trace(tr.meta, tr.requests, tr.tokens.select(keep), None)
-    return simulate(tr, ev, cost=setup.cost, batching=setup.batching, rule=rule or setup.rule)
+    return simulate(tr, ev, cost=setup.cost, batching=setup.batching,
+                    rule=rule or plan.dispatch_rule or setup.rule)
 
 
 def phase_of(res: SimResult, phase: str) -> PhaseResult:
@@ -185,7 +188,8 @@ def measure_seed(windows: Windows, strategies: list[str], setups: dict[str, Phas
         for n in strategies:
             if progress:
                 progress(f"planning {n} on {st.cluster.spec()} ({'+'.join(phases)})")
-            plan = plan_one(n, windows, st.cluster, R, st.deployment, {})
+            one = {"phases": phases[0]} if len(phases) == 1 and get_strategy(n).param("phases") else {}
+            plan = plan_one(n, windows, st.cluster, R, st.deployment, one)  # a strategy that weighs phases: ours
             res = score_on(plan, windows, st, phases=tuple(phases))
             keep(n, res)
             for ph in phases:

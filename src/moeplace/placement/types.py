@@ -398,6 +398,13 @@ class Plan:
     model_layers: ModelLayers | None = None  # the model's layer layout (from the trace); None: not known
     foe_groups: int = 1  # > 1: a Federation-of-Experts plan for H groups (placement.foe.FoeLayout; homes = ring index)
 
+    @property
+    def dispatch_rule(self) -> str | None:
+        """The replica dispatch rule the plan was chosen for (its cost model's rule when it priced layer time), or
+        None: the deployment's rule applies. The evaluation and ``simulate`` score a plan under this rule."""
+        cm = self.cost_model
+        return cm.rule if cm is not None and cm.objective == "layer_time" else None
+
     def __post_init__(self) -> None:
         W = self.cluster.world_size
         if isinstance(self.foe_groups, bool) or not isinstance(self.foe_groups, int) or self.foe_groups < 1:

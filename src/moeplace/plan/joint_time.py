@@ -1,28 +1,27 @@
-"""``joint`` with ``objective="time"`` (the default): placement and request grouping chosen by predicted MoE layer
-time per micro-batch, never worse than EPLB on the planning window.
+"""``joint`` with ``objective="time"`` (the default): placement, replica dispatch and request grouping chosen by
+predicted MoE layer time per micro-batch, deployed only with evidence that it beats the strongest EPLB out of
+sample; otherwise the plan is exactly that EPLB (placement and dispatch rule).
 
 Shape legend: L = MoE layers, E = logical experts, K = top-k, P = slots, W = GPUs, N = nodes, G = GPUs per node,
 T = token rows, Rq = requests, C = candidate placements, F = folds (2).
 
 Objective: the simulator's kernel time model (:func:`moeplace.simulate.simulator.simulate_rows`): dispatch +
-expert compute + combine per micro-batch and layer, the max over GPUs inside each micro-batch, summed over the
-window's prefill and decode micro-batches as serving forms them (:func:`moeplace.simulate.batching.
-window_microbatches`, requests in a seeded mixed arrival order). The layer time decomposes by layer, so a plan can
-take each layer's placement from a different candidate.
+expert compute + combine per micro-batch and layer, the max over GPUs inside each micro-batch, on micro-batches of
+the deployment's size where the data allows (:func:`moeplace.plan.decide.evidence_microbatches`).
 
 1. Homes: round-robin (what engines do) and the grouper's homes (K-means of the requests' admission activations,
    one cluster per node, admitted in balanced rounds; :mod:`moeplace.plan.grouping`).
-2. Candidates per layer: EPLB's placement (the baseline users run), the node-affinity placement (each expert's
-   primary on the node that uses it most, spare slots to each node's most used missing experts), and the
-   node-affinity placement with EPLB's replica counts (EPLB decides how many replicas an expert gets, affinity
-   decides on which nodes they go), each packed onto GPUs by load.
-3. Robust choice by cross-validation: the planning requests are split into two folds (seeded). The grouper and
-   every candidate are built on one fold and scored on the other (its own micro-batches, prefill and decode
-   apart), both ways: out of sample, as a plan meets new requests. A layer's candidate is the one with the
-   smallest worst ratio to EPLB (with round-robin homes) over (fold, phase); the grouped plan is kept only if it
-   beats EPLB out of sample on both folds in both phases, else the plan is EPLB's (``fallback`` says so). The
-   kept choices are rebuilt on the whole window. A plan that fits its own window but not the next one (grouping
-   that concentrates load, replicas placed for this window's hot experts) is refused.
+2. Candidates: the baselines (EPLB's global policy and, when the model's expert groups divide among the nodes, its
+   hierarchical policy, with round-robin homes, each under the dispatch rules engines offer:
+   :data:`moeplace.simulate.config.BASELINE_RULES`) and the grouped placements (node affinity as
+   activation-clusters builds it, joint's node-affinity placement, and node affinity with EPLB's replica counts),
+   each under :data:`CANDIDATE_RULES`.
+3. Evidence by cross-validation: the planning requests are split into two folds (seeded); every candidate is built
+   on one fold and timed on the other, both ways, prefill and decode apart. :func:`moeplace.plan.decide.decide`
+   deploys a grouped candidate only when the paired 95% interval of its time ratio to the best baseline lies below
+   1 in every phase; else the best baseline. The chosen candidate is rebuilt on all the planning requests; the
+   plan's ``cost_model.rule`` is its dispatch rule (the evaluation scores it under that rule) and ``extra
+   ["decision"]`` the evidence.
 
 Everything is a function of (window, parameters, seed): no wall clock, no sampling beyond the seeded folds.
 """
@@ -137,36 +136,70 @@ def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray
             "affinity+eplb-replicas": affinity_with_counts(use_n, replica_counts(eplb, E), num_slots, G)}
 
 
+CANDIDATE_RULES = ("nearest-least-loaded", "balanced")  # dispatch rules the grouped candidates are timed under
+PHASE_CHOICES = ("both", "prefill", "decode")
+
+
+def eplb_variants(num_groups: int, num_experts: int, num_nodes: int) -> list[tuple[str, int]]:
+    """(name, num_groups) of the EPLB policies a deployment can run: global, and hierarchical when the model's
+    groups divide among the nodes (DeepSeek's condition) and the experts among the groups."""
+    out = [("eplb", 1)]
+    if num_groups > 1 and num_groups % num_nodes == 0 and num_experts % num_groups == 0:
+        out.append(("eplb-hierarchical", num_groups))
+    return out
+
+
 def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0,
                     round_size: int = DEFAULT_ROUND, hidden_size: int | None = None, dispatch_bytes: float = 1.0,
                     combine_bytes: float = 2.0, mode: str = "auto", rule: str = DEFAULT_RULE, overlap: bool = False,
                     decode_batch: int = 256, prefill_tokens: int = 8192,
-                    max_eval_requests: int = MAX_EVAL_REQUESTS) -> StrategyResult:
+                    max_eval_requests: int = MAX_EVAL_REQUESTS, decode_running: int | None = None,
+                    dispatch: str = "choose", phases: str = "both") -> StrategyResult:
     """The time objective (see the module docstring), priced with the deployment's time model (hidden_size:
-    default the window's, else 4096; element bytes, kernel mode, overlap, replica rule, batch sizes); the plan's
-    ``cost_model`` records all of them."""
-    from moeplace.plan.eplb import rebalance
+    default the window's, else 4096; element bytes, kernel mode, overlap, batch sizes).
 
+    rule: the deployment's replica rule; dispatch ``choose`` (default) also times the baselines under every engine
+    rule and the candidates under :data:`CANDIDATE_RULES`, ``fixed`` times everything under ``rule`` only.
+    decode_running: running requests per decode micro-batch (continuous batching; None: windows of
+    ``decode_batch``). phases: the phases the evidence weighs (``both``, or the one a deployment serves).
+    """
+    from moeplace.deploy import expert_groups
+    from moeplace.placement import replica_counts
+    from moeplace.plan.activation_clusters import node_counts, place_by_node_affinity
+    from moeplace.plan.decide import decide, evidence_microbatches
+    from moeplace.plan.eplb import rebalance
+    from moeplace.simulate.config import BASELINE_RULES
+
+    if dispatch not in ("choose", "fixed"):
+        raise ValueError(f"joint: dispatch must be 'choose' or 'fixed', got {dispatch!r}")
+    if phases not in PHASE_CHOICES:
+        raise ValueError(f"joint: phases must be one of {PHASE_CHOICES}, got {phases!r}")
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
     Rq = work.num_requests
     hidden = int(hidden_size or work.hidden_size or DEFAULT_HIDDEN)
     cost = CostConfig(hidden_size=hidden, dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, mode=mode,
                       overlap=overlap)
-    batching = BatchConfig(decode_batch=decode_batch, prefill_tokens=prefill_tokens)
-    cm = CostModel(objective="layer_time", rule=rule, dedup=mode, hidden_size=hidden,
-                   dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes, overlap=overlap,
-                   decode_batch=decode_batch, prefill_tokens=prefill_tokens)
+    variants = eplb_variants(expert_groups(work.model), E, N)
+    base_rules = BASELINE_RULES if dispatch == "choose" else (rule,)
+    cand_rules = CANDIDATE_RULES if dispatch == "choose" else (rule,)
+
+    def cost_model(r: str) -> CostModel:
+        return CostModel(objective="layer_time", rule=r, dedup=mode, hidden_size=hidden,
+                         dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes, overlap=overlap,
+                         decode_batch=decode_batch, prefill_tokens=prefill_tokens)
+
+    rr = np.arange(Rq) % W  # round-robin homes, as engines place requests
     if Rq < 4 * N:  # too few requests to build on one half and check on the other
         reason = f"the planning window has {Rq} requests, fewer than 4 per node ({N} nodes): used EPLB's placement"
-        return StrategyResult(rebalance(work.load, P, 1, N, W), np.arange(Rq) % W, None, {"objective": "time"},
-                              fallback=Fallback("eplb", reason), cost_model=cm)
+        return StrategyResult(rebalance(work.load, P, 1, N, W), rr, None, {"objective": "time"},
+                              fallback=Fallback("eplb", reason), cost_model=cost_model(rule))
     rng = np.random.default_rng(seed)
     ev = np.sort(rng.choice(Rq, max_eval_requests, replace=False)) if Rq > max_eval_requests else np.arange(Rq)
     perm = rng.permutation(len(ev))
     folds = [np.sort(ev[perm[: len(ev) // 2]]), np.sort(ev[perm[len(ev) // 2:]])]
     flayers = feature_layers(L, E)
-    rr = np.arange(Rq) % W  # round-robin homes, as engines place requests
+    weigh = PHASE_CHOICES[1:] if phases == "both" else (phases,)
 
     def grouping(train: np.ndarray) -> tuple[Grouper, np.ndarray]:
         """A grouper fitted on ``train`` (K-means of admission activations, one cluster per node) and the homes
@@ -175,38 +208,67 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         g = Grouper(cent, G, round_size, kind="centroids", layers=flayers)
         return g, assign_all(g, work)  # features in chunks: bounded memory on 100k-request windows
 
-    def times(p2l: np.ndarray, homes: np.ndarray, test: np.ndarray) -> np.ndarray:  # [2 (phase), L]
-        return window_layer_time(work, test, homes, p2l, cluster, cost, batching, seed, rule)
+    def build(train: np.ndarray) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Grouper]:
+        """Candidate placements built on ``train``: name -> (phy2log [L, P], homes [Rq]), and the grouper."""
+        sel = np.isin(work.token_request, train)
+        tr, ids = work.token_request[sel], work.expert_ids[sel]
+        load = load_from_tokens(ids[~work.admission_rows[sel]], E)
+        out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants}
+        grouper, homes = grouping(train)
+        use_n = node_use(tr, ids, homes, N, G, E)
+        out["node-affinity"] = (place_by_node_affinity(node_counts(tr, ids, homes // G, N, E), P, G), homes)
+        out["affinity"] = (initial_placement(use_n, P, G), homes)
+        out["affinity+eplb-replicas"] = (affinity_with_counts(use_n, replica_counts(out["eplb"][0], E), P, G), homes)
+        return out, grouper
 
-    # cross-validation: build on one fold, score on the other, both ways
-    names: list[str] = []
-    cv: dict[str, list[np.ndarray]] = {}
-    base: list[np.ndarray] = []
+    # evidence: build on one fold, time on the other, both ways
+    times: dict[str, dict[str, list[np.ndarray]]] = {ph: {} for ph in weigh}
+    sizes: dict[str, int] = {}
+    baselines = [f"{name}/{r}" for name, _ in variants for r in base_rules]
     for f in range(2):
         train, test = folds[1 - f], folds[f]
-        _, homes = grouping(train)
-        cands = candidate_placements(work, train, homes, cluster, P)
-        names = list(cands)
-        base.append(times(cands["eplb"], rr, test))  # EPLB as users run it: its placement, round-robin homes
-        for n, p2l in cands.items():
-            cv.setdefault(n, []).append(times(p2l, homes, test))
-    B = np.concatenate(base)  # [F * 2 (fold, phase), L]
-    has = B.sum(1) > 0  # (fold, phase) rows with micro-batches
-    T = {n: np.concatenate(v) for n, v in cv.items()}
-    ratio = np.stack([(T[n][has] / np.maximum(B[has], 1e-30)).max(axis=0) for n in names])  # [C, L] worst case
-    pick = ratio.argmin(axis=0)
-    chosen = np.stack([T[names[c]][:, layer] for layer, c in enumerate(pick)], axis=1)  # [F * 2, L]
-    cv_ratio = chosen.sum(1)[has] / B.sum(1)[has]
-    extra = {"objective": "time", "seed": seed, "mode": mode, "rule": rule, "hidden_size": hidden,
-             "eval_requests": int(len(ev)), "layer_choice": [names[c] for c in pick],
-             "cv_time_vs_eplb": [float(x) for x in cv_ratio]}
-    if (cv_ratio < 1.0).all():
-        grouper, homes = grouping(ev)
-        full = candidate_placements(work, ev, homes, cluster, P)
-        p2l = np.stack([full[names[c]][layer] for layer, c in enumerate(pick)])
-        return StrategyResult(p2l, homes, grouper, extra, cost_model=cm)
-    reason = (f"no grouped plan beat EPLB out of sample (built on one half of the planning window, scored on the "
-              f"other, both ways, prefill and decode: time ratios {', '.join(f'{x:.3f}' for x in cv_ratio)}); "
-              "used EPLB's placement with round-robin homes")
-    return StrategyResult(rebalance(work.load, P, 1, N, W), rr, None, extra, fallback=Fallback("eplb", reason),
-                          cost_model=cm)
+        cands, _ = build(train)
+        sel = np.isin(work.token_request, test)
+        idx = np.full(Rq, -1, np.int64)
+        idx[test] = np.arange(len(test))
+        tr = idx[work.token_request[sel]]
+        ids = work.expert_ids[sel]
+        pre = (work.prefill_rows if work.prefill_rows is not None else work.admission_rows)[sel]
+        dec = ~work.admission_rows[sel] & ~pre
+        arrival = np.random.default_rng([seed, 7, f]).permutation(len(test))
+        mb, sizes = evidence_microbatches(tr, pre & ("prefill" in weigh), dec & ("decode" in weigh), arrival,
+                                          prefill_tokens, decode_running or decode_batch)
+        for name, (p2l, homes) in cands.items():
+            h = homes[test][tr]
+            for r in (base_rules if name.startswith("eplb") else cand_rules):
+                for ph, m in (("prefill", pre), ("decode", dec)):
+                    if ph not in weigh:
+                        continue
+                    m = m & (mb >= 0)
+                    t = np.zeros(0)
+                    if m.any():
+                        _, met = simulate_rows(ids[m], h[m], mb[m], ph, p2l, cluster, cost, model=work.model,
+                                               rule=r, num_experts=E)
+                        t = met["layer_time"].mean(axis=1)
+                    times[ph].setdefault(f"{name}/{r}", []).append(t)
+    times = {ph: v for ph, v in times.items() if sum(len(x) for x in next(iter(v.values()))) > 0}
+    extra: dict = {"objective": "time", "seed": seed, "mode": mode, "hidden_size": hidden,
+                   "eval_requests": int(len(ev))}
+    if not times:
+        reason = "the planning window forms no micro-batch of the weighed phases: used EPLB's placement"
+        extra["decision"] = {"chosen": "eplb/" + rule, "deployed": "baseline", "reason": reason}
+        return StrategyResult(rebalance(work.load, P, 1, N, W), rr, None, extra, fallback=Fallback("eplb", reason),
+                              cost_model=cost_model(rule))
+    decision = decide(times, baselines, seed=seed)
+    decision["microbatch_rows"] = sizes
+    decision["folds"] = 2
+    extra["decision"] = decision
+    name, chosen_rule = decision["chosen"].rsplit("/", 1)
+    if decision["deployed"] == "baseline":
+        groups = dict(variants)[name]
+        why = f"{decision['reason']}: EPLB's placement from the whole planning window, round-robin homes"
+        return StrategyResult(rebalance(work.load, P, groups, N, W), rr, None, extra, fallback=Fallback(name, why),
+                              cost_model=cost_model(chosen_rule))
+    full, grouper = build(ev)
+    p2l, homes = full[name]
+    return StrategyResult(p2l, homes, grouper, extra, cost_model=cost_model(chosen_rule))

@@ -71,6 +71,8 @@ def _time_params() -> tuple[Param, ...]:
         Param("overlap", bool, d["overlap"].default, "two-batch overlap of dispatch, compute, combine"),
         Param("decode_batch", int, d["decode_batch"].default, "requests per decode window", lo=1),
         Param("prefill_tokens", int, d["prefill_tokens"].default, "prefill micro-batch token budget", lo=1),
+        Param("decode_running", int, None, "running requests per decode micro-batch, continuous batching (None: "
+              "windows of decode_batch)", lo=1),
     )
 
 
@@ -115,6 +117,11 @@ _ALL = (
               Param("robust", float, 0.3, "objective bytes: weight of the robust balance term", lo=0, hi=1),
               Param("penalty", float, PENALTY, "objective bytes: sends one unit of load above the cap is worth",
                     lo=0, hi=1e6),
+              Param("dispatch", str, "choose", "objective time: choose the replica dispatch rule with the placement "
+                    "(baselines under every engine rule) or keep the deployment's rule fixed",
+                    choices=("choose", "fixed")),
+              Param("phases", str, "both", "objective time: the phases the evidence weighs (the one a deployment "
+                    "serves, or both)", choices=("both", "prefill", "decode")),
               *_time_params())),
     Strategy("foe", f"{_P}.foe:plan_foe", False, False,
              "Federation of Experts: each group's experts on its own GPUs (FoE traces only; docs/FOE.md)"),

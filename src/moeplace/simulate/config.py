@@ -15,6 +15,9 @@ from dataclasses import dataclass
 RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced")
 BALANCED_RULES = ("balanced-local", "balanced")  # chosen per micro-batch by routing.balanced_gpus
 DEFAULT_RULE = "nearest-least-loaded"
+# the replica dispatch choices an engine-side EPLB deployment is measured with (the strongest-baseline candidates
+# of moeplace.evaluate.measure and of joint's decision): static, nearest least-loaded, per-micro-batch balanced
+BASELINE_RULES = ("nearest-static", "nearest-least-loaded", "balanced")
 DEDUP_MODES = ("per_gpu", "two_hop")
 
 KERNEL_NAMES = ("nccl", "deepep-normal", "deepep-ll")  # keys of moeplace.simulate.kernels.KERNELS, in its order

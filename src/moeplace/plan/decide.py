@@ -1,0 +1,133 @@
+"""Decisions with evidence: a planner deploys a plan other than the baseline only when cross-validation says, with
+a paired 95% interval, that it is faster on requests it was not built on; otherwise the plan *is* the baseline.
+
+Shape legend: T = token rows, Rq = requests, F = folds, B_f = scored micro-batches of fold f.
+
+The evidence is a set of candidates, each a (placement builder, replica rule) pair, built on one fold of the
+planning requests and timed on the other fold's micro-batches (out of sample), per phase. Some candidates are
+*baselines* (EPLB as engines run it, with the dispatch rules engines offer): per phase the baseline is the one with
+the lowest mean time, as the evaluation's strongest baseline is chosen (:mod:`moeplace.evaluate.measure`). A
+non-baseline candidate is *eligible* when, in every phase that has scored micro-batches, the upper end of the paired
+95% interval of its time ratio to that phase's baseline (:func:`moeplace.intervals.paired_ratio_ci`, folds as the
+outer level, micro-batches as the inner one) is below 1. The eligible candidate with the smallest worst-phase ratio
+is deployed; with none eligible, the baseline candidate with the smallest worst-phase ratio to the per-phase best
+baselines is (exactly EPLB, with its dispatch rule).
+
+Micro-batches of the evidence. A planning window is a fraction of what a deployment serves at once (a decode
+running set of 128 requests per GPU on 24 GPUs is 3,072 requests; prefill chunks of 16K tokens per GPU). The
+evidence forms micro-batches of the deployment's size where the fold's rows allow it, else of the largest size
+that still gives ``min_microbatches`` per fold: prefill rows laid end to end in arrival order and cut into chunks;
+decode rows ordered by (decode step, arrival) and cut into chunks, so a chunk holds one step of as many requests as
+there are and several consecutive steps of each when the fold has fewer requests than the running set. Partial
+chunks are not scored. :func:`evidence_microbatches` returns the sizes used; the decision records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from moeplace.intervals import paired_ratio_ci
+from moeplace.simulate.batching import rank_within
+
+PHASES = ("prefill", "decode")
+MIN_EVIDENCE_MICROBATCHES = 8  # micro-batches per fold and phase the evidence aims for
+
+
+def evidence_microbatches(token_request: np.ndarray, prefill: np.ndarray, decode: np.ndarray, arrival: np.ndarray,
+                          prefill_tokens: int, decode_rows: int,
+                          min_microbatches: int = MIN_EVIDENCE_MICROBATCHES) -> tuple[np.ndarray, dict[str, int]]:
+    """(int64 [T] micro-batch id of every row, -1 where not scored; {phase: rows per micro-batch used}).
+
+    token_request: int [T] request index of each row (rows in generation order within a request); prefill, decode:
+    bool [T] the rows of each phase (a row in neither is not scored); arrival: int [Rq] request indices in arrival
+    order; prefill_tokens, decode_rows: the deployment's rows per micro-batch. A phase's size is
+    ``min(deployment size, rows // min_microbatches)`` (at least 1); prefill and decode ids are separate spaces.
+    """
+    tr = np.asarray(token_request, np.int64)
+    arr = np.asarray(arrival, np.int64)
+    pos = np.empty(len(arr), np.int64)
+    pos[arr] = np.arange(len(arr))
+    out = np.full(len(tr), -1, np.int64)
+    sizes: dict[str, int] = {}
+    for phase, mask, full in (("prefill", prefill, prefill_tokens), ("decode", decode, decode_rows)):
+        rows = np.flatnonzero(np.asarray(mask, bool))
+        if len(rows) == 0:
+            continue
+        size = max(1, min(int(full), len(rows) // max(1, min_microbatches)))
+        step = rank_within(tr[rows])  # the row's rank among its request's rows of this phase
+        if phase == "prefill":
+            key = np.lexsort((step, pos[tr[rows]]))  # prompts end to end in arrival order
+        else:
+            key = np.lexsort((pos[tr[rows]], step))  # one decode step of every request, then the next
+        order = np.empty(len(rows), np.int64)
+        order[key] = np.arange(len(rows))
+        mb = order // size
+        n_full = len(rows) // size
+        mb[mb >= n_full] = -1  # the partial last chunk is not scored
+        out[rows] = mb
+        sizes[phase] = size
+    return out, sizes
+
+
+def decide(times: dict[str, dict[str, Sequence[np.ndarray]]], baselines: Sequence[str],
+           level: float = 0.95, seed: int = 0) -> dict:
+    """The decision over candidates (see the module docstring).
+
+    times: phase -> candidate name -> per fold float [B_f] time of each scored micro-batch (the same micro-batches,
+    in the same order, for every candidate of a phase); baselines: the names that are baselines (at least one, in
+    every phase). Returns the ``decision`` record: ``chosen``, ``deployed`` ("candidate" or "baseline"),
+    ``baseline`` (phase -> name), ``candidates`` (name -> phase -> ratio, ci95, microbatches, eligible), ``reason``.
+    """
+    phases = [ph for ph in PHASES if ph in times and sum(len(x) for x in next(iter(times[ph].values()))) > 0]
+    if not phases:
+        raise ValueError("decide: no phase has scored micro-batches")
+    names = list(times[phases[0]])
+    base_names = [b for b in names if b in set(baselines)]
+    if not base_names:
+        raise ValueError(f"decide: none of the baselines {list(baselines)} is a candidate")
+    best_base: dict[str, str] = {}
+    for ph in phases:
+        mean = {b: float(sum(x.sum() for x in times[ph][b])) for b in base_names}
+        best_base[ph] = min(base_names, key=lambda b: mean[b])  # ties: the first baseline (the engines' default)
+    record: dict[str, dict] = {}
+    worst: dict[str, float] = {}
+    eligible: list[str] = []
+    for n in names:
+        per = {}
+        for ph in phases:
+            ci = paired_ratio_ci(list(times[ph][n]), list(times[ph][best_base[ph]]), level=level, seed=seed)
+            per[ph] = {"ratio": ci.ratio, "ci95": [ci.lo, ci.hi], "microbatches": ci.microbatches}
+        worst[n] = max(p["ratio"] for p in per.values())
+        ok = n not in base_names and all(p["ci95"][1] < 1.0 for p in per.values())
+        for p in per.values():
+            p["eligible"] = ok
+        record[n] = per
+        if ok:
+            eligible.append(n)
+    txt = "; ".join(f"{ph}: {best_base[ph]}" for ph in phases)
+    if eligible:
+        chosen = min(eligible, key=lambda n: (worst[n], names.index(n)))
+        said = ", ".join(f"{ph} {record[chosen][ph]['ratio']:.3f} [{record[chosen][ph]['ci95'][0]:.3f}, "
+                         f"{record[chosen][ph]['ci95'][1]:.3f}]" for ph in phases)
+        reason = (f"{chosen} is faster than the best baseline ({txt}) out of sample, the 95% interval's upper end "
+                  f"below 1 in every phase: {said}")
+        deployed = "candidate"
+    else:
+        chosen = min(base_names, key=lambda n: (worst[n], names.index(n)))
+        others = [n for n in names if n not in base_names]
+        if others:
+            top = min(others, key=lambda n: (worst[n], names.index(n)))
+            said = ", ".join(f"{ph} {record[top][ph]['ratio']:.3f} [{record[top][ph]['ci95'][0]:.3f}, "
+                             f"{record[top][ph]['ci95'][1]:.3f}]" for ph in phases)
+            reason = (f"no candidate is faster than the best baseline ({txt}) beyond the noise (best: {top}, "
+                      f"{said}); deployed the baseline {chosen}")
+        else:
+            reason = f"only baselines were candidates; deployed {chosen}"
+        deployed = "baseline"
+    return {"chosen": chosen, "deployed": deployed, "baseline": best_base, "candidates": record,
+            "reason": reason, "level": level}
+
+
+__all__ = ["MIN_EVIDENCE_MICROBATCHES", "PHASES", "decide", "evidence_microbatches"]

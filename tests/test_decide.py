@@ -1,0 +1,83 @@
+"""Decisions with evidence (moeplace.plan.decide): the evidence's micro-batches by a loop over the rules, and the
+decision on hand-made fold times whose answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moeplace.plan.decide import decide, evidence_microbatches
+
+
+def test_evidence_microbatches_follow_the_rules_by_loops():
+    rng = np.random.default_rng(3)
+    tr = np.sort(rng.integers(0, 7, 200))
+    pre = np.zeros(200, bool)
+    for r in range(7):
+        rows = np.flatnonzero(tr == r)
+        pre[rows[: len(rows) // 4]] = True
+    dec = ~pre
+    arrival = rng.permutation(7)
+    got, sizes = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=1000, decode_rows=9, min_microbatches=4)
+    n_pre, n_dec = int(pre.sum()), int(dec.sum())
+    assert sizes == {"prefill": min(1000, n_pre // 4), "decode": 9}
+    # prefill: prompts end to end in arrival order, cut every size rows; the partial last chunk is not scored
+    order = [t for r in arrival for t in range(200) if tr[t] == r and pre[t]]
+    for i, t in enumerate(order):
+        want = i // sizes["prefill"]
+        assert got[t] == (want if want < n_pre // sizes["prefill"] else -1)
+    # decode: step j of every request (in arrival order), then step j + 1, cut every 9 rows
+    step = {}
+    seq = []
+    for t in range(200):
+        if dec[t]:
+            step[t] = sum(1 for u in range(t) if dec[u] and tr[u] == tr[t])
+    rank = {int(r): i for i, r in enumerate(arrival)}
+    seq = sorted(step, key=lambda t: (step[t], rank[int(tr[t])]))
+    for i, t in enumerate(seq):
+        want = i // 9
+        assert got[t] == (want if want < n_dec // 9 else -1)
+
+
+def folds(rng, mean, sd, n=(12, 12)):
+    return [np.maximum(mean + sd * rng.standard_normal(k), 1e-6) for k in n]
+
+
+def test_a_clear_win_is_deployed_and_noise_is_not():
+    rng = np.random.default_rng(0)
+    base = [10 + rng.standard_normal(12) for _ in range(2)]  # per fold micro-batch times of the best baseline
+    slow_base = [b * 1.05 for b in base]
+    win = [b * 0.9 + 0.05 * rng.standard_normal(12) for b in base]  # 10% faster, paired, little noise
+    noisy = [b * (0.99 + 0.2 * rng.standard_normal(12)) for b in base]  # 1% faster on average, much noise
+    times = {"decode": {"eplb/static": slow_base, "eplb/balanced": base, "grouped/balanced": win,
+                        "other/balanced": noisy}}
+    d = decide(times, ["eplb/static", "eplb/balanced"])
+    assert d["baseline"] == {"decode": "eplb/balanced"}
+    assert d["deployed"] == "candidate" and d["chosen"] == "grouped/balanced"
+    assert d["candidates"]["grouped/balanced"]["decode"]["ci95"][1] < 1.0
+    assert not d["candidates"]["other/balanced"]["decode"]["eligible"]
+    # without the clear win, the noisy candidate does not make it: the plan is the best baseline
+    del times["decode"]["grouped/balanced"]
+    d = decide(times, ["eplb/static", "eplb/balanced"])
+    assert d["deployed"] == "baseline" and d["chosen"] == "eplb/balanced"
+    lo, hi = d["candidates"]["other/balanced"]["decode"]["ci95"]
+    assert lo < 1.0 < hi
+
+
+def test_every_weighed_phase_must_be_won():
+    rng = np.random.default_rng(1)
+    b_pre = [5 + rng.random(10) for _ in range(2)]
+    b_dec = [3 + rng.random(10) for _ in range(2)]
+    times = {"prefill": {"eplb/x": b_pre, "g/x": [b * 0.8 for b in b_pre]},
+             "decode": {"eplb/x": b_dec, "g/x": [b * 1.02 for b in b_dec]}}
+    d = decide(times, ["eplb/x"])
+    assert d["deployed"] == "baseline" and d["chosen"] == "eplb/x"
+    assert d["candidates"]["g/x"]["prefill"]["ci95"][1] < 1.0 < d["candidates"]["g/x"]["decode"]["ci95"][0]
+    assert decide({"prefill": times["prefill"]}, ["eplb/x"])["chosen"] == "g/x"  # prefill alone: a win
+
+
+def test_no_baseline_or_no_microbatch_is_refused():
+    with pytest.raises(ValueError, match="baselines"):
+        decide({"decode": {"a": [np.ones(3)]}}, ["eplb"])
+    with pytest.raises(ValueError, match="no phase"):
+        decide({"decode": {"eplb": [np.zeros(0)]}}, ["eplb"])
