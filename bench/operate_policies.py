@@ -143,10 +143,12 @@ def summarize_stream(per_seed: list[dict[str, dict]]) -> dict:
     pols = list(per_seed[0])
     total = {p: sum(r[p]["total_time_s"] for r in per_seed) for p in pols}
     strongest = min(EPLB_POLICIES, key=total.get)  # a tie goes to the first in registry order
-    rows = {p: {k: seed_spread([r[p][k] for r in per_seed]) for k in ROW_KEYS} for p in pols}
+    rows: dict[str, dict] = {}
     for p in pols:
-        rows[p].update({k: rows[p][k]["median"] for k in ROW_KEYS})  # medians at the row's top level
-        rows[p]["wall_s"] = sum(r[p]["wall_s"] for r in per_seed)
+        spread = {k: seed_spread([r[p][k] for r in per_seed]) for k in ROW_KEYS}
+        # medians at the row's top level; their range and every seed's value under "seeds"
+        rows[p] = {**{k: v["median"] for k, v in spread.items()}, "seeds": spread,
+                   "wall_s": sum(r[p]["wall_s"] for r in per_seed)}
 
     def ratio(p: str, base: str, key: str = "window_s") -> dict | None:
         c = paired_ci([r[p][key] for r in per_seed], [r[base][key] for r in per_seed])
