@@ -44,12 +44,13 @@ class TokenAccumulator:
         interlayer: bool = True,
         temporal: bool = True,
         carry_requests: int = DEFAULT_CARRY_REQUESTS,
+        window_offset: int = 0,
     ) -> None:
         for name, v in (("num_layers", num_layers), ("num_experts", num_experts), ("top_k", top_k),
                         ("num_domains", num_domains)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        if num_slots < 0 or window_tokens < 0 or carry_requests < 1:
+        if num_slots < 0 or window_tokens < 0 or carry_requests < 1 or window_offset < 0:
             raise ValueError("num_slots and window_tokens must be >= 0 and carry_requests >= 1, got "
                              f"{num_slots}, {window_tokens}, {carry_requests}")
         L, E = num_layers, num_experts
@@ -66,10 +67,18 @@ class TokenAccumulator:
         self._carry: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # rid, pos, ids of last decode rows
         self.window_tokens = window_tokens
         self._win = np.zeros((2, L, E), np.int64)  # current window's load, split by request-id parity
-        self._win_n = 0
+        self._win_n = window_offset % window_tokens if window_tokens else 0
         self._prev_win: np.ndarray | None = None
         self.drift_js: list[np.ndarray] = []  # [L] per consecutive window pair
         self.split_js: list[np.ndarray] = []  # [L] per closed window: even vs odd request ids
+        # Trace pieces (window_offset > 0: the first token is not at a window boundary) for an exact merge of
+        # accumulators over consecutive pieces (moeplace.analyse.shards): the first window's tokens seen here, by
+        # request-id parity, when it began before this piece (it closes here without a JS value), and the first
+        # full window's load; ``last_window`` and ``open_window`` give the last full and the unfinished one.
+        self.head_window: np.ndarray | None = None  # int64 [2, L, E]
+        self.first_window: np.ndarray | None = None  # int64 [L, E]
+        self._partial_head = self._win_n > 0
+        self.window_offset_in_open = self._win_n  # tokens of the open window seen before this piece
         self._le = (np.arange(L) * E)[None, :, None]
         # Tokens per vectorised step: small enough that the [T, L, K] temporaries stay in cache, large enough that
         # each layer's pair bincount fills its E x E counters several times over (bench/analyse_speed.py).
@@ -137,13 +146,32 @@ class TokenAccumulator:
             start = end
 
     def _close_window(self) -> None:
+        if self._partial_head:  # the rest of a window that began before this piece: the merge closes it
+            self.head_window, self._partial_head = self._win, False
+            self._win = np.zeros_like(self._win)
+            self._win_n = 0
+            return
         cur = self._win.sum(0)
         self.split_js.append(js_divergence(self._win[0], self._win[1]))
         if self._prev_win is not None:
             self.drift_js.append(js_divergence(self._prev_win, cur))
+        else:
+            self.first_window = cur
         self._prev_win = cur
         self._win = np.zeros_like(self._win)
         self._win_n = 0
+
+    @property
+    def last_window(self) -> np.ndarray | None:
+        """int64 [L, E]: load of the last full window closed here (None: none closed)."""
+        return self._prev_win
+
+    @property
+    def open_window(self) -> tuple[np.ndarray, int]:
+        """(int64 [2, L, E] load by request-id parity, tokens) of the window still open: after the last boundary,
+        or since the first token when no boundary was crossed (then it continues a window that began before a
+        piece started at ``window_offset`` > 0)."""
+        return self._win, self._win_n - (self.window_offset_in_open if self._partial_head else 0)
 
     def _add_requests(self, le: np.ndarray, ph: np.ndarray, slot: np.ndarray) -> None:
         keep = slot >= 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,7 @@ def analyse_trace(
     test_fraction: float = 0.3,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     progress: bool = False,
+    engine=None,
 ) -> dict:
     """All activation-pattern statistics of a trace, as the JSON-ready dict documented in docs/ANALYSIS.md.
 
@@ -205,6 +207,9 @@ def analyse_trace(
     classifier's split. ``max_request_bytes`` bounds the per-request count vectors (S x 2 x L x E float32); when
     the trace has more requests, a seeded random subset of them is tracked (``params.tracked_requests``).
     Counts-only traces get what counts allow; the rest is null and explained under ``unavailable``.
+    ``engine`` (:mod:`moeplace.engine`): analyse the shards of a per-token trace as separate tasks and merge their
+    accumulators exactly (:mod:`moeplace.analyse.shards`); the answer is byte-identical to the default
+    single-process stream.
     """
     meta = read_meta(path)
     L, E, K = meta.num_layers, meta.num_experts, meta.top_k
@@ -218,12 +223,39 @@ def analyse_trace(
               "max_request_bytes": max_request_bytes, "tracked_requests": None}
     if meta.kind == "counts":
         return to_json(_analyse_counts(meta, str(path), read_counts(path), params))
-    return to_json(_analyse_tokens(meta, str(path), params, progress))
+    return to_json(_analyse_tokens(meta, str(path), params, progress, engine))
 
 
-def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool) -> dict:
-    L, E, K = meta.num_layers, meta.num_experts, meta.top_k
-    reqs = read_requests(path)
+@dataclass
+class TokenLabels:
+    """Request-level lookups of a per-token analysis: each token's domain index and tracked-request slot.
+
+    names: domains (sorted, then ``unknown``) [D]; rid_sorted, dom_sorted, slot_sorted: int [R] request ids sorted
+    and their domain index and slot (-1: not tracked); chosen: int [S] table index (sorted order) of each slot.
+    """
+
+    names: list[str]
+    rid_sorted: np.ndarray
+    dom_sorted: np.ndarray
+    slot_sorted: np.ndarray
+    chosen: np.ndarray
+    num_slots: int
+    num_requests: int
+
+    def of(self, request_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(domain index int [T], slot int [T]) of tokens with these request ids (unknown ids: domain unknown)."""
+        R = self.num_requests
+        pos = np.clip(np.searchsorted(self.rid_sorted, request_id), 0, max(R - 1, 0))
+        found = self.rid_sorted[pos] == request_id if R else np.zeros(len(request_id), bool)
+        dom = np.where(found, self.dom_sorted[pos] if R else 0, len(self.names) - 1)
+        slot = np.where(found, self.slot_sorted[pos] if R else -1, -1)
+        return dom, slot
+
+
+def token_labels(meta: TraceMeta, reqs, params: dict) -> TokenLabels:
+    """The :class:`TokenLabels` of a request table; sets ``params["tracked_requests"]`` (a seeded subset of the
+    requests when their count vectors would exceed ``params["max_request_bytes"]``)."""
+    L, E = meta.num_layers, meta.num_experts
     R = len(reqs)
     names = sorted({d for d in reqs.domain.tolist() if d != UNKNOWN}) + [UNKNOWN]
     dom_index = {d: i for i, d in enumerate(names)}
@@ -236,17 +268,38 @@ def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool) ->
                                                                                                     replace=False))
     slot_sorted[chosen] = np.arange(n_slots)
     params["tracked_requests"] = n_slots
-    acc = TokenAccumulator(L, E, K, num_domains=len(names), num_slots=n_slots,
-                           window_tokens=params["window_tokens"])
+    return TokenLabels(names, rid_sorted, dom_sorted, slot_sorted, chosen, n_slots, R)
+
+
+def new_accumulator(meta: TraceMeta, labels: TokenLabels, params: dict) -> TokenAccumulator:
+    """The accumulator of a whole per-token analysis (the single-process path and the merge of shards)."""
+    return TokenAccumulator(meta.num_layers, meta.num_experts, meta.top_k, num_domains=len(labels.names),
+                            num_slots=labels.num_slots, window_tokens=params["window_tokens"])
+
+
+def _analyse_tokens(meta: TraceMeta, path: str, params: dict, progress: bool, engine=None) -> dict:
+    labels = token_labels(meta, read_requests(path), params)
+    if engine is not None:
+        from moeplace.analyse.shards import accumulate_shards
+
+        acc = accumulate_shards(path, meta, labels, params, engine)
+        return summarise_tokens(meta, path, params, labels, acc)
+    acc = new_accumulator(meta, labels, params)
     total = num_token_rows(path)
     with tqdm(total=total, unit="tok", unit_scale=True, disable=not progress, desc="analyse") as bar:
         for ch in iter_token_chunks(path, chunk_tokens=params["chunk_tokens"], columns_weights=False):
-            pos = np.clip(np.searchsorted(rid_sorted, ch.request_id), 0, max(R - 1, 0))
-            found = rid_sorted[pos] == ch.request_id if R else np.zeros(len(ch), bool)
-            dom = np.where(found, dom_sorted[pos] if R else 0, dom_index[UNKNOWN])
-            slot = np.where(found, slot_sorted[pos] if R else -1, -1)
+            dom, slot = labels.of(ch.request_id)
             acc.update(ch.expert_ids, ch.request_id, ch.position, ch.phase, dom, slot)
             bar.update(len(ch))
+    acc.finish()
+    return summarise_tokens(meta, path, params, labels, acc)
+
+
+def summarise_tokens(meta: TraceMeta, path: str, params: dict, labels: TokenLabels, acc: TokenAccumulator) -> dict:
+    """The JSON-ready answer of a per-token analysis from its finished accumulator."""
+    L, E, K = meta.num_layers, meta.num_experts, meta.top_k
+    names, R, n_slots = labels.names, labels.num_requests, labels.num_slots
+    dom_sorted, chosen = labels.dom_sorted, labels.chosen
     acc.finish()
     T = acc.num_tokens
     unavailable: dict[str, str] = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from moeplace.analyse.config import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WINDOW_TOKENS
 from moeplace.cli import MAX_TOKENS, float_in, int_in, output_file
+from moeplace.cli.options import add_engine_options, engine_from_args
 
 EXAMPLE = """example:
   moeplace analyze demo.trace --json out/analysis.json --html out/analysis.html --layer 12
@@ -24,11 +25,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for flag, out in (("--json", args.json), ("--html", args.html)):
         if out:  # before the analysis, so a bad path fails in a second, not after the whole run
             check_output_path(out, flag)
-    res = analyse_trace(
-        args.trace, chunk_tokens=args.chunk_tokens, window_tokens=args.window_tokens,
-        coactivation_layer=args.layer, top_n=args.top_n, seed=args.seed, test_fraction=args.test_fraction,
-        max_request_bytes=args.max_request_bytes, progress=not args.no_progress,
-    )
+    engine = engine_from_args(args)
+    try:
+        res = analyse_trace(
+            args.trace, chunk_tokens=args.chunk_tokens, window_tokens=args.window_tokens,
+            coactivation_layer=args.layer, top_n=args.top_n, seed=args.seed, test_fraction=args.test_fraction,
+            max_request_bytes=args.max_request_bytes, progress=not args.no_progress, engine=engine,
+        )
+    finally:
+        if engine is not None:
+            engine.close()
     if args.json:
         atomic_write_json(res, Path(args.json), allow_nan=False)
     if args.html:
@@ -72,4 +78,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory for per-request count vectors; beyond it a seeded subset of requests is tracked "
                         f"(default: {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_engine_options(p)
     p.set_defaults(func=cmd_analyze)

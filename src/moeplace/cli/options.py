@@ -159,3 +159,22 @@ def refuse_unpriced(args: argparse.Namespace, used: tuple[str, ...], command: st
         flag = "--" + k.replace("_", "-")
         if flag not in used and getattr(args, k) != v:
             raise CliError(f"{flag} is not used by {command} (it prices with {', '.join(used)})")
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--engine`` and ``--address``: where the work runs (:mod:`moeplace.engine`, docs/SCALE.md)."""
+    g = parser.add_argument_group("engine (docs/SCALE.md)")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this process (default); ray: Ray tasks, results byte-identical to local")
+    g.add_argument("--address", metavar="HOST:PORT",
+                   help="Ray cluster to join (a head node's HOST:PORT, ray://HOST:PORT or auto); without it "
+                        "--engine ray starts a local cluster of 2 workers")
+
+
+def engine_from_args(args: argparse.Namespace):
+    """The engine the flags ask for, or None for the default single-process path (imports Ray only for ray)."""
+    if args.engine == "local" and args.address is None:
+        return None
+    from moeplace.engine import make_engine
+
+    return make_engine(args.engine, args.address)

@@ -1,0 +1,84 @@
+"""--engine ray against a real local Ray cluster (2 worker processes, one cluster for the module): byte-identical to
+the single-process path, a worker killed mid-run is retried with the same answer, and a cluster that is not there
+is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from fault.harness import SRC, assert_clean_failure, run_cli
+
+from moeplace.analyse.summary import analyse_trace
+from moeplace.data import DATA_DIR
+from moeplace.engine import KILL_ONCE_ENV
+
+ray = pytest.importorskip("ray")
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+
+FG = DATA_DIR / "reference-fg.trace"
+
+
+def _pid(x: int) -> tuple[int, int]:
+    time.sleep(0.3)
+    return os.getpid(), x
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from moeplace.engine import RayEngine
+
+    eng = RayEngine(num_cpus=2)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def fg_local():
+    return json.dumps(analyse_trace(FG, window_tokens=4096), sort_keys=True)
+
+
+def test_cluster_has_two_worker_processes(engine):
+    out = list(engine.map(_pid, range(6)))
+    assert [x for _, x in out] == list(range(6))  # in item order
+    assert len({p for p, _ in out}) >= 2 and os.getpid() not in {p for p, _ in out}
+
+
+def test_analyze_on_ray_is_byte_identical(engine, fg_local):
+    assert json.dumps(analyse_trace(FG, window_tokens=4096, engine=engine), sort_keys=True) == fg_local
+
+
+def test_killed_worker_is_retried_with_the_same_answer(engine, fg_local, tmp_path, monkeypatch):
+    marker = tmp_path / "killed"
+    monkeypatch.setenv(KILL_ONCE_ENV, str(marker))
+    got = json.dumps(analyse_trace(FG, window_tokens=4096, engine=engine), sort_keys=True)
+    assert marker.exists()  # a worker did SIGKILL itself mid-run
+    assert got == fg_local
+
+
+def _cli(args: list, cwd) -> subprocess.CompletedProcess:
+    """``python -m moeplace ARGS`` without the fault harness's address-space cap (a Ray driver maps the object
+    store's shared memory)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "moeplace", *map(str, args)], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_cli_joins_an_existing_cluster(engine, tmp_path):
+    address = ray.get_runtime_context().gcs_address
+    a, b = tmp_path / "local.json", tmp_path / "ray.json"
+    local = _cli(["analyze", FG, "--json", a, "--no-progress"], tmp_path)
+    assert local.returncode == 0, local.stderr
+    on_ray = _cli(["analyze", FG, "--json", b, "--no-progress", "--engine", "ray", "--address", address], tmp_path)
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_cli_unreachable_address_is_one_line(tmp_path):
+    for cmd in (["analyze", FG],):
+        proc = run_cli([*cmd, "--engine", "ray", "--address", "127.0.0.1:1"], tmp_path, timeout=120)
+        assert_clean_failure(proc, ["--address 127.0.0.1:1", "no Ray cluster reachable"])
