@@ -60,6 +60,16 @@ def test_killed_worker_is_retried_with_the_same_answer(engine, fg_local, tmp_pat
     assert got == fg_local
 
 
+def test_simulate_on_ray_is_byte_identical(engine):
+    from moeplace.placement import Cluster
+    from moeplace.simulate import BatchConfig, simulate
+
+    kw = {"cluster": Cluster(2, 4), "batching": BatchConfig(decode_batch=64, prefill_tokens=4096), "rule": "balanced"}
+    a = simulate(FG, **kw).to_json()
+    b = simulate(FG, engine=engine, **kw).to_json()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def _cli(args: list, cwd) -> subprocess.CompletedProcess:
     """``python -m moeplace ARGS`` without the fault harness's address-space cap (a Ray driver maps the object
     store's shared memory)."""
@@ -79,6 +89,6 @@ def test_cli_joins_an_existing_cluster(engine, tmp_path):
 
 
 def test_cli_unreachable_address_is_one_line(tmp_path):
-    for cmd in (["analyze", FG],):
+    for cmd in (["analyze", FG], ["simulate", FG, "--cluster", "2x2"]):
         proc = run_cli([*cmd, "--engine", "ray", "--address", "127.0.0.1:1"], tmp_path, timeout=120)
         assert_clean_failure(proc, ["--address 127.0.0.1:1", "no Ray cluster reachable"])

@@ -8,7 +8,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from moeplace.cli import MAX_REDUNDANT, MAX_TOKENS, input_file, int_in, output_file
-from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
+from moeplace.cli.options import (
+    add_deployment_options,
+    add_engine_options,
+    batch_config,
+    cost_config,
+    deployment_from_args,
+    engine_from_args,
+)
 
 if TYPE_CHECKING:
     from moeplace.placement import Cluster
@@ -40,8 +47,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
                          args.prefill_tokens, args.decode_running)
     cost, batching = cost_config(dep), batch_config(dep)
-    res = simulate(args.trace, plan, cluster, cost, batching, rule=dep.rule, num_redundant=args.redundant,
-                   chunk_tokens=args.chunk_tokens, progress=args.progress)
+    engine = engine_from_args(args)
+    try:
+        res = simulate(args.trace, plan, cluster, cost, batching, rule=dep.rule, num_redundant=args.redundant,
+                       chunk_tokens=args.chunk_tokens, progress=args.progress, engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()
     j = res.to_json()
     if args.json:
         res.save_json(args.json)
@@ -99,4 +111,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=output_file, help="write the full result JSON here")
     p.add_argument("--print-json", action="store_true", help="print the result JSON to stdout (without --json)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
+    add_engine_options(p)
     p.set_defaults(func=cmd_simulate)

@@ -40,7 +40,8 @@ from moeplace.simulate.routing import (
     check_rule,
     two_hop_matrix,
 )
-from moeplace.trace.reader import iter_token_chunks, read_meta, read_requests
+from moeplace.trace.budget import check_memory
+from moeplace.trace.reader import iter_light_columns, iter_token_chunks, read_meta, read_requests, shard_token_rows
 from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta
 
 # --------------------------------------------------------------------------------------------------- context
@@ -336,13 +337,17 @@ def _result(ctx: _Ctx, accs: dict[int, _PhaseAcc]) -> SimResult:
 
 def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, cost: CostConfig | None = None,
              batching: BatchConfig | None = None, rule: str = DEFAULT_RULE, num_redundant: int = 0,
-             chunk_tokens: int = 16384, progress: bool = False, replica_costs: ReplicaCosts | None = None
-             ) -> SimResult:
+             chunk_tokens: int = 16384, progress: bool = False, replica_costs: ReplicaCosts | None = None,
+             engine=None) -> SimResult:
     """Replay a per-token trace on a plan; vectorised and streaming (memory bounded by open micro-batches).
 
     trace: a trace directory or an in-memory :class:`Trace`. plan: placement + homes; None -> linear placement
     with ``num_redundant`` redundant slots on ``cluster`` and round-robin homes in request-table order.
     replica_costs: locality costs of the ``balanced-local`` rule (None: :class:`ReplicaCosts` defaults).
+    engine (:mod:`moeplace.engine`, trace directories only): replay ranges of shards as separate tasks, each routing
+    the micro-batches whose rows all lie in its range; the few that straddle two ranges are routed here from the
+    rows the tasks hand back. Micro-batches are independent and every total is an integer sum, so the answer is
+    byte-identical to the single-process stream (:func:`simulate_parts`).
     """
     meta, requests, source = _open_source(trace)
     ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant, replica_costs)
@@ -351,6 +356,9 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
     lay = build_layout(source, requests, ctx.plan.home_of(requests.request_id), ctx.batching)
     if len(lay.home) and (lay.home.min() < 0 or lay.home.max() >= ctx.W):
         raise ValueError(f"plan: a request's home GPU is out of range [0, {ctx.W})")
+    _check_result_memory(ctx, lay, source)
+    if engine is not None and not isinstance(source, Trace):
+        return simulate_parts(ctx, lay, str(source), chunk_tokens, engine)
     accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
     total = int(sum(lay.mb_tokens[p].sum() for p in (PREFILL, DECODE)))
     bar = None
@@ -370,6 +378,109 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
             bar.update(len(ch))
     if bar is not None:
         bar.close()
+    return _result(ctx, accs)
+
+
+def _check_result_memory(ctx: _Ctx, lay: Layout, source) -> None:
+    """The per-micro-batch metrics a result keeps ([B, L] per metric, 8 bytes each) must fit the memory budget: the
+    one part of a replay that grows with the trace, known from the layout before any routing."""
+    L = ctx.meta.num_layers
+    z = np.zeros((0, L, 6), np.int64)
+    zw = np.zeros((0, L, ctx.W), np.int64)
+    n_metrics = len(ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw, np.zeros((0, L, 4), np.int64), "decode"))
+    B = sum(len(lay.mb_ids[p]) for p in (PREFILL, DECODE))
+    where = source if not isinstance(source, Trace) else "simulate"
+    check_memory(B * L * n_metrics * 8, f"the per-micro-batch metrics of {B:,} micro-batches", where)
+
+
+# --------------------------------------------------------------------------------------------------- parts on an engine
+
+
+@dataclass(frozen=True)
+class SimPart:
+    """A range of consecutive shards of a trace (indices into its shard files), replayed by one task."""
+
+    path: str
+    shards: tuple[int, ...]
+
+
+def plan_parts(path: str, tasks: int) -> list[SimPart]:
+    """About ``tasks`` ranges of consecutive shards with similar token counts (from the footers)."""
+    rows = shard_token_rows(path)
+    if not rows:
+        return []
+    total = max(sum(rows), 1)
+    cuts: list[list[int]] = [[]]
+    done = 0
+    for i, n in enumerate(rows):
+        if cuts[-1] and done >= total * len(cuts) / tasks:
+            cuts.append([])
+        cuts[-1].append(i)
+        done += n
+    return [SimPart(path, tuple(c)) for c in cuts]
+
+
+def _phase_state(acc: _PhaseAcc) -> dict:
+    """The sums and finished micro-batches of a part's phase accumulator (what the driver adds to its own)."""
+    return {"tokens": acc.tokens, "pairs": acc.pairs, "local": acc.local, "node_local": acc.node_local,
+            "load": acc.load, "per_gpu": acc.sends["per_gpu"], "node_sends": acc.node_sends,
+            "done_ids": acc.done_ids, "done": acc.done}
+
+
+def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> dict:
+    """Map step: replay one range of shards. Micro-batches whose rows all lie in the range are routed here; the
+    rows of the others come back (per phase: ids int16 [n, L, K], home [n], micro-batch [n], in trace order)."""
+    inside: dict[int, list] = {PREFILL: [], DECODE: []}
+    for rid, pos, ph in iter_light_columns(part.path, check_requests=False, shards=list(part.shards)):
+        mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
+        for p in (PREFILL, DECODE):
+            inside[p].append(mb[ph == p])
+    complete = {}
+    for p in (PREFILL, DECODE):
+        u, c = np.unique(np.concatenate(inside[p]) if inside[p] else np.zeros(0, np.int64), return_counts=True)
+        j = np.searchsorted(lay.mb_ids[p], u)
+        complete[p] = u[lay.mb_tokens[p][j] == c]  # every row of these micro-batches is in this range
+    accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
+    rest: dict[int, list] = {PREFILL: [], DECODE: []}
+    for ch in iter_token_chunks(part.path, chunk_tokens=chunk_tokens, columns_weights=False, check_requests=False,
+                                shards=list(part.shards)):
+        r = rows_of(lay, ch.request_id)
+        mb = microbatch_ids(lay, r, ch.position, ch.phase)
+        home = lay.home[r]
+        ids = np.ascontiguousarray(ch.expert_ids, np.int16)
+        for p in (PREFILL, DECODE):
+            sel = np.flatnonzero(ch.phase == p)
+            here = np.isin(mb[sel], complete[p])
+            accs[p].add(ids, sel[here], home[sel[here]], mb[sel[here]])
+            if not here.all():
+                away = sel[~here]
+                rest[p].append((ids[away], home[away], mb[away]))
+    return {p: {**_phase_state(accs[p]), "rest": rest[p]} for p in (PREFILL, DECODE)}
+
+
+def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine) -> SimResult:
+    """Reduce step: run :func:`simulate_part` over ranges of shards through ``engine`` and merge in range order:
+    integer sums add, finished micro-batches are kept (the result sorts them by id), and rows of micro-batches
+    that straddle ranges are fed, in trace order, to this process's accumulators, which route each once complete."""
+    accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
+    parts = plan_parts(path, 4 * max(1, int(getattr(engine, "workers", 1))))
+    for out in engine.map(simulate_part, parts, ctx, lay, chunk_tokens):
+        for p in (PREFILL, DECODE):
+            st, acc = out[p], accs[p]
+            acc.tokens += st["tokens"]
+            acc.pairs += st["pairs"]
+            acc.local += st["local"]
+            acc.node_local += st["node_local"]
+            acc.load += st["load"]
+            acc.sends["per_gpu"] += st["per_gpu"]
+            if st["node_sends"] is not None:
+                if acc.node_sends is None:
+                    acc.node_sends = np.zeros_like(st["node_sends"])
+                acc.node_sends += st["node_sends"]
+            acc.done_ids.extend(st["done_ids"])
+            acc.done.extend(st["done"])
+            for ids, home, mb in st["rest"]:
+                acc.add(ids, np.arange(len(ids)), home, mb)
     return _result(ctx, accs)
 
 
