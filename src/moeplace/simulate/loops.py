@@ -312,15 +312,17 @@ def distinct_kernel(cand_slot, cand_gpu, rep_gpu, rep_slot, rep_n):
 
 
 @njit(cache=True, nogil=True)
-def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2):
+def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2):
     """Successive shortest paths: move pairs between replicas until no GPU holds more than ``cap`` pairs, at the
     least added locality cost. x [J, M] pairs of group j on its m-th replica GPU, ld [W] loads (both updated).
     Returns the added cost, or -1 when no move can bring every GPU under ``cap`` (x and ld are then partly moved:
-    the caller restores them). dist, pj, pm, pm2: int64 [W] scratch.
+    the caller restores them). dist, pj, pm, pm2: int64 [W] scratch; wc, wj, wm, wm2: int64 [W, W] scratch (the
+    residual graph on GPUs: the cheapest single-pair move u -> v, its group and replica indices).
 
     Each step takes the lowest GPU a above cap, finds by Bellman-Ford the cheapest chain of moves (a pair of
     group j from GPU u to another replica GPU v costs cc[home_j, v] - cc[home_j, u]) from a to a GPU below cap
-    (the cheapest, ties to the lowest GPU; relaxations in group then replica order, strict improvements only), and
+    (the cheapest, ties to the lowest GPU) over the residual graph on GPUs (edge u -> v: the cheapest such move of
+    any group, first in group then replica order; relaxations in GPU order, strict improvements only), and
     moves as many pairs along it as every link allows. The start (each group on its cheapest replica) and every
     step keep the residual graph free of negative cycles, so each cap's result has the least cost (the
     successive-shortest-path algorithm of min-cost flow; Ahuja, Magnanti and Orlin, ch. 9).
@@ -336,32 +338,49 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
                 break
         if a < 0:
             return added
+        # the residual graph on GPUs: edge u -> v is the cheapest move of one pair of any group from u to v
+        for u in range(W):
+            for v in range(W):
+                wc[u, v] = big
+        for j in range(J):
+            h = gh[j]
+            e = ge[j]
+            nr = rep_n[layer, e]
+            for m in range(nr):
+                if x[j, m] == 0:
+                    continue
+                u = rep_gpu[layer, e, m]
+                cu = cc[h, u]
+                for m2 in range(nr):
+                    if m2 == m:
+                        continue
+                    v = rep_gpu[layer, e, m2]
+                    c = cc[h, v] - cu
+                    if c < wc[u, v]:
+                        wc[u, v] = c
+                        wj[u, v] = j
+                        wm[u, v] = m
+                        wm2[u, v] = m2
         for g in range(W):
             dist[g] = big
             pj[g] = -1
         dist[a] = 0
-        for _ in range(W):
+        for _ in range(W):  # Bellman-Ford from a (no negative cycles: see the docstring)
             changed = False
-            for j in range(J):
-                h = gh[j]
-                e = ge[j]
-                nr = rep_n[layer, e]
-                for m in range(nr):
-                    u = rep_gpu[layer, e, m]
-                    if x[j, m] == 0 or dist[u] == big:
+            for u in range(W):
+                du = dist[u]
+                if du == big:
+                    continue
+                for v in range(W):
+                    c = wc[u, v]
+                    if c == big:
                         continue
-                    du = dist[u] - cc[h, u]
-                    for m2 in range(nr):
-                        if m2 == m:
-                            continue
-                        v = rep_gpu[layer, e, m2]
-                        nv = du + cc[h, v]
-                        if nv < dist[v]:
-                            dist[v] = nv
-                            pj[v] = j
-                            pm[v] = m
-                            pm2[v] = m2
-                            changed = True
+                    if du + c < dist[v]:
+                        dist[v] = du + c
+                        pj[v] = wj[u, v]
+                        pm[v] = wm[u, v]
+                        pm2[v] = wm2[u, v]
+                        changed = True
             if not changed:
                 break
         b = -1
@@ -403,9 +422,10 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
 
     Per micro-batch and layer: pairs of experts with one GPU are fixed; the others form groups (home, expert), in
     order of first appearance. Each group starts on its cheapest replica GPU (ties: slot order); then the cap on
-    every GPU's load goes down one pair at a time (:func:`reduce_cap`) while a step adds at most ``unit`` of
-    locality cost (objective max load x unit + cost, convex in the cap, so the first worse step ends the search;
-    equal objective: the lower cap). Pairs of a group then fill its replica GPUs in slot order, in token order.
+    every GPU's load is the lowest k whose step down to k - 1 would add more than ``unit`` of locality cost or be
+    infeasible (objective max load x unit + cost is convex in the cap, so that k is its minimum; equal objective:
+    the lower cap), found by bisection over [max(fixed, ceil(mean)), start], each probe by :func:`reduce_cap`.
+    Pairs of a group then fill its replica GPUs in slot order, in token order.
     """
     L, K = ids.shape[1], ids.shape[2]
     E = rep_gpu.shape[1]
@@ -427,6 +447,10 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     pj = np.zeros(W, np.int64)
     pm = np.zeros(W, np.int64)
     pm2 = np.zeros(W, np.int64)
+    wc = np.zeros((W, W), np.int64)
+    wj = np.zeros((W, W), np.int64)
+    wm = np.zeros((W, W), np.int64)
+    wm2 = np.zeros((W, W), np.int64)
     ccmax = np.int64(0)
     for h in range(W):
         for g in range(W):
@@ -483,24 +507,40 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
             for g in range(W):
                 cap = max(cap, ld[g])
                 total += ld[g]
-            while J > 0:
-                nc = cap - 1
-                if nc < fixed_max or nc * W < total:
-                    break
-                for j in range(J):
-                    for m in range(M):
-                        xs[j, m] = x[j, m]
-                for g in range(W):
-                    lds[g] = ld[g]
-                added = reduce_cap(nc, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2)
-                if added < 0 or added > u:
+            if J > 0:
+                # the best cap k* by bisection: F(k) = k * u + least cost at cap k is convex, so P(k) = "cap k - 1
+                # is reachable from k at added cost <= u" holds exactly for k > k*; x and ld always hold the
+                # least-cost state at cap hi (successive shortest paths only lower a cap), restored after a probe
+                # that fails. The first probe tries k* = lb (the common case); then halves [lo, hi].
+                lo = max(fixed_max, (total + W - 1) // W)  # no cap below this is feasible: k* >= lo
+                hi = cap
+                first = True
+                while lo < hi:
+                    mid = lo + 1 if first else (lo + hi + 1) // 2
+                    first = False
                     for j in range(J):
                         for m in range(M):
-                            x[j, m] = xs[j, m]
+                            xs[j, m] = x[j, m]
                     for g in range(W):
-                        ld[g] = lds[g]
-                    break
-                cap = nc
+                        lds[g] = ld[g]
+                    ok = True
+                    if mid < hi:
+                        ok = reduce_cap(mid, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2,
+                                        wc, wj, wm, wm2) >= 0
+                    if ok:
+                        added = reduce_cap(mid - 1, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2,
+                                           wc, wj, wm, wm2)
+                        ok = 0 <= added <= u
+                    if ok:
+                        hi = mid - 1
+                    else:
+                        for j in range(J):
+                            for m in range(M):
+                                x[j, m] = xs[j, m]
+                        for g in range(W):
+                            ld[g] = lds[g]
+                        lo = mid
+                cap = hi
             for t in range(s0, s1):
                 h = home[t]
                 ib = rows[t] * LK + layer * K
