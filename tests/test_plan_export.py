@@ -172,7 +172,7 @@ def export_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_export_refuses_a_flag_the_format_does_not_take(placement, tmp_path):
     plan = Plan(placement, Cluster(2, 2), strategy="eplb", model_layers=ModelLayers((0, 1, 2, 3), 4))
     p = str(plan.save(tmp_path / "plan.json"))
-    for flag, value in (("--trace", str(tmp_path)), ("--num-decoder-layers", "4")):
+    for flag, value in (("--trace", str(tmp_path / "t.trace")), ("--num-decoder-layers", "4")):
         out = export_cli(p, "--format", "vllm", flag, value, "--out", str(tmp_path / "v.json"))
         assert out.returncode == 2, out.stderr
         err = out.stderr.strip().splitlines()

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moeplace.io import atomic_write_text
 from moeplace.trace import TraceMeta, TraceWriter, read_trace, trace_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -238,7 +239,7 @@ def test_kill9_analyze_html_keeps_the_old_report(tmp_path):
     small_trace(t, 40)
     report = tmp_path / "report.html"
     for delay in (0.5, 2.0, 4.0):
-        report.write_text("OLD REPORT\n")
+        atomic_write_text("OLD REPORT\n", report)  # an old report moeplace wrote (its own files may be replaced)
         proc = start("analyze", t, "--no-progress", "--html", report)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)

@@ -10,6 +10,11 @@ destination, so readers see either the old file or the whole new one (docs/RELIA
 - A destination that is an existing folder, or whose parent is not a folder, raises :class:`OutputError`
   naming the path.
 - Leftovers of a killed run (temporaries whose process is gone) are removed by :func:`remove_stale`.
+- Ownership: every file the atomic writers make is marked as moeplace's (an extended attribute holding its size
+  and modification time, :func:`mark_written`); :func:`replace_problem` refuses an existing output moeplace did
+  not write (or that was changed since), so the CLI never replaces a user's file. :func:`input_output_clash` refuses
+  an output that is, lies inside or contains one of the command's inputs, or that two outputs share.
+- JSON read anywhere in moeplace refuses duplicate object keys (``object_pairs_hook=``:func:`unique_keys`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 NAME_MAX = 255  # bytes in one path component on Linux and macOS file systems
@@ -123,6 +128,176 @@ def remove_stale(dest: Path, tag: str) -> list[Path]:
 TEMP_SUFFIX_BYTES = 24  # the atomic writer's ".NAME.XXXXXXXX.tmp" adds this much to a file name
 
 
+# ------------------------------------------------------------------------------------------ ownership of outputs
+
+WRITTEN_XATTR = "user.moeplace.written"  # extended attribute marking a file or folder moeplace wrote
+
+
+def _stamp(st: os.stat_result) -> bytes:
+    """The mark's value: a folder's is ``dir``; a file's its size and modification time, so that a file edited
+    in place (same inode, new contents) no longer counts as moeplace's."""
+    return b"dir" if stat.S_ISDIR(st.st_mode) else f"{st.st_size}:{st.st_mtime_ns}".encode()
+
+
+def mark_written(path: str | os.PathLike) -> bool:
+    """Mark ``path`` (a file or folder, after its last write) as written by moeplace; False where the file system
+    keeps no extended attributes (then :func:`replace_problem` treats it as not moeplace's)."""
+    try:
+        os.setxattr(path, WRITTEN_XATTR, _stamp(os.stat(path)), follow_symlinks=False)
+    except (OSError, AttributeError):  # ENOTSUP (vfat, old tmpfs), or a platform without xattrs
+        return False
+    return True
+
+
+def moeplace_wrote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` carries moeplace's mark and is unchanged since (a link is never moeplace's)."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return False
+        return os.getxattr(path, WRITTEN_XATTR, follow_symlinks=False) == _stamp(st)
+    except (OSError, AttributeError):
+        return False
+
+
+def replace_problem(dest: str | os.PathLike) -> str | None:
+    """Why ``dest`` may not be replaced by a moeplace output, or None: it does not exist, or it is a file
+    moeplace wrote, unchanged since, that the user may write. A file or link moeplace did not write, and a
+    read-only file, are refused (so ``--json``, ``--out`` and every other output never destroy a user's file)."""
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # a parent that is a file, a name too long: output_path_problem names those
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link moeplace did not write; remove it or choose another output"
+    if stat.S_ISDIR(st.st_mode):
+        return None  # output_path_problem refuses a folder where a file belongs
+    if not st.st_mode & 0o222 or not os.access(dest, os.W_OK):
+        return "exists and is read-only; remove it or choose another output"
+    if not moeplace_wrote(dest):
+        return ("exists and moeplace did not write it (or it was changed since); remove it or choose another "
+                "output")
+    return None
+
+
+def folder_replace_problem(folder: str | os.PathLike, names: Sequence[str]) -> str | None:
+    """Why moeplace may not write the files ``names`` (relative; a name ending in ``/`` is a subfolder, all of
+    whose files count) into ``folder``, or None: the folder must be creatable and writable, and every existing
+    file it would replace one moeplace wrote (:func:`replace_problem`). Returns ``"PATH: problem"``."""
+    root = Path(folder)
+    if not os.fspath(folder):
+        return "'': expected a folder name, got an empty string"
+    for anc in [root, *root.parents]:
+        if anc.exists() or anc.is_symlink():
+            if not anc.is_dir():
+                return f"{anc}: exists and is not a directory"
+            if not os.access(anc, os.W_OK | os.X_OK):
+                return f"{anc}: no permission to write in it"
+            break
+    for name in names:
+        p = root / name.rstrip("/")
+        files = [p]
+        if name.endswith("/"):
+            if p.is_symlink() or (p.exists() and not p.is_dir()):
+                return f"{p}: exists and is not a folder moeplace wrote; remove it or choose another output"
+            files = sorted(x for x in p.rglob("*") if not x.is_dir() or x.is_symlink()) if p.is_dir() else []
+        for f in files:
+            problem = replace_problem(f)
+            if problem:
+                return f"{f}: {problem}"
+    return None
+
+
+def folder_output_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` may not be replaced by a folder moeplace builds whole (a model folder), or None: it must be
+    creatable and writable, and, when it exists and is not empty, hold only files moeplace wrote, unchanged since
+    (so nothing of the user's is lost when the new folder is swapped in). Returns ``"PATH: problem"``."""
+    text = os.fspath(folder)
+    if not text:
+        return "'': expected a folder name, got an empty string"
+    root = Path(text)
+    if root.name in ("", ".", ".."):
+        return f"{text}: expected a new folder's name, not the current or a parent folder"
+    problem = folder_replace_problem(root, ())
+    if problem or not root.is_dir() or root.is_symlink():
+        return problem or (f"{root}: is a symbolic link; give the folder itself" if root.is_symlink() else None)
+    for f in sorted(root.rglob("*")):
+        if f.is_dir() and not f.is_symlink():
+            continue
+        if not moeplace_wrote(f):
+            return (f"{root}: exists and holds {f.relative_to(root)}, which moeplace did not write (or which was "
+                    "changed since); remove it or choose another output")
+    return None
+
+
+def mark_tree(folder: str | os.PathLike) -> None:
+    """:func:`mark_written` on every file under ``folder`` (a folder moeplace just built, nothing else in it)."""
+    for f in Path(folder).rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            mark_written(f)
+
+
+def move_folder_into_place(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``dest``; an existing ``dest`` is moved aside first (as
+    ``.<name>.old-<pid>-*``, removed after the swap), so ``dest`` is the old folder or the whole new one."""
+    if dest.exists() or dest.is_symlink():
+        backup = temp_path(dest, "old")
+        os.replace(dest, backup)
+        os.replace(tmp, dest)
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def input_output_clash(outputs: Sequence[tuple[str, str | os.PathLike]],
+                       inputs: Sequence[tuple[str, str | os.PathLike]]) -> str | None:
+    """Why these outputs may not be written, or None. ``outputs`` and ``inputs`` are (label, path) pairs, the
+    label naming the option (``--json``) or argument (``TRACE``). Refused: an output that is an input (resolved
+    paths, links and hard links included), lies inside an input folder (a trace) or contains an input, and two
+    outputs that are the same path or one inside the other. Returns one line: ``"PATH (label): problem"``."""
+    seen: list[tuple[str, Path, Path]] = []
+    for label, out in outputs:
+        o = Path(out)
+        ro = o.resolve()
+        for ilabel, inp in inputs:
+            i = Path(inp)
+            ri = i.resolve()
+            if _same(o, i):
+                return f"{out} ({label}): is the input {ilabel} {inp}; choose another output"
+            if ri in ro.parents:
+                return f"{out} ({label}): lies inside the input {ilabel} {inp}; choose another output"
+            if ro in ri.parents:
+                return f"{out} ({label}): contains the input {ilabel} {inp}; choose another output"
+        for olabel, other, rother in seen:
+            if _same(o, other) or ro in rother.parents or rother in ro.parents:
+                return f"{out} ({label}): also given to {olabel}; give each output its own path"
+        seen.append((label, o, ro))
+    return None
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object with the same key twice (strict readers refuse it instead of keeping the last value)."""
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``object_pairs_hook`` for :func:`json.loads`: the object as a dict; DuplicateKeyError on a repeated key."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(f"duplicate key {k[:80]!r} in a JSON object")
+        out[k] = v
+    return out
+
+
 def output_path_problem(dest: str | os.PathLike) -> str | None:
     """What stops ``dest`` from being written as a file, or None: a directory (or a name ending in a separator),
     a FIFO, device or socket, a name longer than the file system allows, a path the OS refuses (too long,
@@ -185,7 +360,10 @@ def make_temp_dir(dest: Path, tag: str = "new") -> Path:
     """Create an empty folder beside ``dest`` under a temporary name, with mode 0o777 & ~umask."""
     make_dirs(dest.parent)
     t = temp_path(dest, tag)
-    os.mkdir(t, dir_mode())
+    try:
+        os.mkdir(t, dir_mode())
+    except PermissionError:  # name the destination, not the hidden temporary
+        raise OutputError(f"{dest}: no permission to write in {dest.parent}") from None
     os.chmod(t, dir_mode())
     return t
 
@@ -207,6 +385,7 @@ def atomic_write_with(dest: str | os.PathLike, write: Callable[[Path], None], wh
         write(Path(tmp))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        mark_written(tmp)  # after the last write: the mark holds the final size and mtime
         os.replace(tmp, p)
     except BaseException:
         if fd >= 0:

@@ -5,7 +5,8 @@ pipeline order, so ``moeplace --help`` shows exactly what exists.
 
 User errors end with exit status 2 and one line on stderr that names the file or option and the problem, never a
 traceback: options are checked when they are parsed (the ``type=`` functions below), paths before any work
-starts, and :func:`main` turns the library's errors (ValueError and its subclasses, OSError, RecursionError,
+starts (outputs against inputs and against files moeplace did not write: :func:`check_paths`), and
+:func:`main` turns the library's errors (ValueError and its subclasses, OSError, RecursionError,
 MemoryError) into that line. A closed stdout (``moeplace ... | head``) ends quietly.
 """
 
@@ -135,10 +136,11 @@ def device_spec(text: str) -> str:
 
 def output_file(text: str) -> str:
     """A file to write: not a directory, FIFO or device; a name short enough for its temporary file; its
-    folder a directory (created if missing). Returned as given."""
-    from moeplace.io import output_path_problem
+    folder a directory (created if missing); not an existing file moeplace did not write (or a read-only one).
+    Returned as given."""
+    from moeplace.io import output_path_problem, replace_problem
 
-    problem = output_path_problem(text)
+    problem = output_path_problem(text) or replace_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(f"{short(text)}: {problem}")
     return text
@@ -150,7 +152,13 @@ def short(text: str, keep: int = 80) -> str:
 
 
 def output_dir(text: str) -> str:
-    """A folder to write into: not an existing file."""
+    """A folder to write into: not an empty name (which would be the current folder), not an existing file, in
+    a place this process may write."""
+    from moeplace.io import folder_replace_problem
+
+    problem = folder_replace_problem(text, ())
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     p = Path(text)
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: exists and is not a directory")
@@ -188,6 +196,61 @@ def describe_os_error(e: OSError) -> str:
     return str(e)
 
 
+# Arguments read as inputs by the commands that have them (a trace, a plan, a load or schedule file, prompts, a
+# model folder), by destination; every argument parsed with input_file counts too. Outputs are the arguments parsed
+# with output_file or output_dir; a command whose output folder holds a fixed set of files declares them with
+# ``set_defaults(folder_files={dest: names})`` (a tuple, or a function returning one, so the parser stays light;
+# names ending in "/" are subfolders).
+INPUT_DESTS = ("trace", "stream", "src", "plan", "load", "schedule", "prompts", "model")
+
+
+def _declare_paths(parser: argparse.ArgumentParser) -> None:
+    """``set_defaults(io_paths=...)`` on every (sub)command: (dest, label, kind) of its path arguments, kind
+    "in", "file" or "dir" (see :func:`check_paths`)."""
+    paths = []
+    for a in parser._actions:  # argparse offers no public walk of a parser's actions
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                _declare_paths(sub)
+            continue
+        label = a.option_strings[0] if a.option_strings else a.dest.upper()
+        if a.type is output_file:
+            paths.append((a.dest, label, "file"))
+        elif a.type is output_dir:
+            paths.append((a.dest, label, "dir"))
+        elif a.type is input_file or a.dest in INPUT_DESTS:
+            paths.append((a.dest, label, "in"))
+    parser.set_defaults(io_paths=tuple(paths))
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Before any work: CliError (one line) for an output that is, lies inside or contains one of the command's
+    inputs, or that another output shares (:func:`moeplace.io.input_output_clash`), and for a declared output
+    folder whose files moeplace would write over a file it did not write (:func:`moeplace.io.
+    folder_replace_problem`)."""
+    from moeplace.io import folder_replace_problem, input_output_clash
+
+    folder_files = getattr(args, "folder_files", None) or {}
+    ins, outs = [], []
+    for dest, label, kind in getattr(args, "io_paths", ()):
+        v = getattr(args, dest, None)
+        values = [x for x in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(x, str) and x]
+        if kind == "in":
+            ins += [(label, x) for x in values]
+        elif dest in folder_files:  # a folder of known files: the files are the outputs, not the folder
+            names = folder_files[dest]() if callable(folder_files[dest]) else folder_files[dest]
+            outs += [(label, os.path.join(x, n.rstrip("/"))) for x in values for n in names]
+            for x in values:
+                problem = folder_replace_problem(x, names)
+                if problem:
+                    raise CliError(f"{label} {short(x)}: {problem}")
+        else:
+            outs += [(label, x) for x in values]
+    problem = input_output_clash(outs, ins)
+    if problem:
+        raise CliError(problem)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="moeplace",
@@ -201,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _declare_paths(parser)
     return parser
 
 
@@ -216,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     where = f"moeplace {args.command}"
     try:
+        check_paths(args)  # outputs never over inputs nor over a user's files, before any work
         check = getattr(args, "check", None)
         if check is not None:
             check(args)  # option combinations, before any work starts

@@ -180,4 +180,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "and changes/")
     p.add_argument("--json", type=output_file, help="write the summary (benchmark keys + per-window history)")
     add_deployment_options(p)
-    p.set_defaults(func=cmd_operate)
+    p.set_defaults(func=cmd_operate, folder_files={"out": plan_folder_files})
+
+
+def plan_folder_files() -> tuple[str, ...]:
+    """The files ``--out`` receives (checked against the inputs and a user's files before any work)."""
+    from moeplace.operate.loop import plan_folder_files
+
+    return plan_folder_files()

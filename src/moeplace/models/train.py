@@ -22,6 +22,7 @@ import json
 import math
 import platform
 import random
+import shutil
 import textwrap
 import time
 from collections.abc import Callable
@@ -312,12 +313,35 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     Returns the metrics written to train_metrics.json (config, history, held-out loss of the saved weights,
     wall time, tokens seen).
     """
+    from moeplace.io import folder_output_problem, make_temp_dir, mark_tree, move_folder_into_place, remove_stale
+
+    t_start = time.perf_counter()
+    final = Path(out_dir)
+    problem = folder_output_problem(final)  # before any work: never over a folder of the user's files
+    if problem:
+        raise ValueError(problem)
+    remove_stale(final, "new")  # what a killed run left
+    out = make_temp_dir(final, "new")  # built aside, swapped in whole when complete; removed on any failure
+    try:
+        metrics = _train_into(cfg, out, seed, progress, log, t_start)
+        mark_tree(out)
+        problem = folder_output_problem(final)  # changed while training?
+        if problem:
+            raise ValueError(problem)
+        move_folder_into_place(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    log(f"wrote the model folder {final}")
+    return metrics
+
+
+def _train_into(cfg: ReferenceConfig, out: Path, seed: int, progress: bool, log: Callable[[str], None],
+                t_start: float) -> dict:
+    """:func:`train_reference`'s work, writing the model folder into ``out`` (a fresh temporary folder)."""
     from tqdm import tqdm
     from transformers import Qwen3MoeForCausalLM
 
-    t_start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     random.seed(seed)
     np.random.seed(seed)
@@ -420,7 +444,7 @@ def train_reference(cfg: ReferenceConfig, out_dir: str | Path, seed: int = 0, pr
     if counter is not None:
         counter.__exit__(None, None, None)
 
-    log(f"saving to {out} ...")
+    log("saving the model ...")
     _save_model(model, cfg, tokenizer, out)
     from moeplace.models.reference import load_reference
 

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.deploy import ModelPreset, find_model, get_model
-from moeplace.io import atomic_write_json
+from moeplace.io import atomic_write_json, folder_replace_problem
 from moeplace.operate.counters import count_window
 from moeplace.operate.migration import MigrationPlan, expert_bytes, migration_plan
 from moeplace.operate.policies import Context, Observation, Policy, PolicyState, make_policy
 from moeplace.operate.streams import Stream
 from moeplace.placement import Cluster, ModelLayers, Placement, Plan
-from moeplace.plan.export import export_all, layers_of_trace
+from moeplace.plan.export import export_all, export_file_names, layers_of_trace
 from moeplace.simulate import DEFAULT_RULE, BatchConfig, CostConfig, simulate
 from moeplace.simulate.routing import mean_balancedness
 
@@ -127,12 +127,22 @@ def _preset(cfg: OperateConfig, model: str) -> ModelPreset:
     return p
 
 
+def plan_folder_files() -> tuple[str, ...]:
+    """What the loop writes into its output folder: the plan in force, its migration, its engine exports, and
+    ``changes/`` (every change; names ending in "/" are folders)."""
+    return ("plan.json", "migration.json", *export_file_names(), "changes/")
+
+
 class PlanWriter:
-    """Writes the plan in force and every change into ``out`` (atomic writes)."""
+    """Writes the plan in force and every change into ``out`` (atomic writes). OperateError before anything is
+    written when ``out`` is unwritable or holds a file of :func:`plan_folder_files` that moeplace did not write."""
 
     def __init__(self, out: Path | None) -> None:
         self.out = out
         self.changes = 0
+        problem = None if out is None else folder_replace_problem(out, plan_folder_files())
+        if problem:
+            raise OperateError(problem)
 
     def write(self, plan: Plan, migration: MigrationPlan | None, info: dict) -> None:
         if self.out is None:

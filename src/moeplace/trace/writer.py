@@ -21,11 +21,12 @@ from moeplace.io import (
     OutputError,
     atomic_write_json,
     atomic_write_with,
+    input_output_clash,
     make_dirs,
     make_temp_dir,
+    move_folder_into_place,
     remove_stale,
     stale_paths,
-    temp_path,
 )
 from moeplace.trace.format import (
     COMPRESSION,
@@ -65,16 +66,6 @@ def written_by_moeplace(path: str | os.PathLike) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(d, dict) and d.get("written_by") == WRITTEN_BY
-
-
-def _holds_input(dest: Path, inputs: Sequence[str | os.PathLike]) -> Path | None:
-    """The first input that is ``dest`` itself or lies inside it (paths resolved), else None."""
-    d = dest.resolve()
-    for inp in inputs:
-        r = Path(inp).resolve()
-        if r == d or d in r.parents:
-            return Path(inp)
-    return None
 
 
 def _clean_leftovers(final: Path) -> None:
@@ -143,9 +134,9 @@ class TraceWriter:
         if fp.exists() or fp.is_symlink():
             if not fp.is_dir():
                 raise TraceError(f"{fp}: exists and is not a trace directory")
-            inp = _holds_input(fp, inputs)
-            if inp is not None:
-                raise TraceError(f"{fp}: output folder is or contains the input {inp}; choose another output")
+            clash = input_output_clash([("output trace", fp)], [("", inp) for inp in inputs])
+            if clash:
+                raise TraceError(clash)
             if any(fp.iterdir()):
                 if not overwrite:
                     raise TraceError(f"{fp}: already exists and is not empty (use overwrite)")
@@ -325,16 +316,10 @@ class TraceWriter:
 
     def _move_into_place(self) -> None:
         fp = self.final_path
-        if self._replace:
-            backup = temp_path(fp, "old")
-            os.replace(fp, backup)
-            os.replace(self.path, fp)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            try:
-                os.replace(self.path, fp)  # atomic; an empty folder created meanwhile is replaced
-            except OSError as e:
-                raise TraceError(f"{fp}: could not move the new trace into place ({e.strerror})") from None
+        try:  # atomic; an old trace (or an empty folder created meanwhile) is moved aside first
+            move_folder_into_place(self.path, fp)
+        except OSError as e:
+            raise TraceError(f"{fp}: could not move the new trace into place ({e.strerror})") from None
         self.path = fp
 
     def _discard(self) -> None:

@@ -94,6 +94,11 @@ def export_plan(plan: Plan, fmt: str, out: str | Path, **params: object) -> Path
     return atomic_write_json(ex.build(plan, **bind(ex.params, given, f"export format {fmt!r}")), out, indent=None)
 
 
+def export_file_names(prefix: str = "") -> tuple[str, ...]:
+    """The file names :func:`export_all` writes with ``prefix``."""
+    return tuple(f"{prefix}{ex.file_name}" for ex in _ALL)
+
+
 def export_all(plan: Plan, folder: str | Path, prefix: str = "", known: Mapping[str, object] | None = None
                ) -> list[Path]:
     """Write ``plan`` in every registered format into ``folder`` as ``prefix + file_name``. ``known``: facts
@@ -107,4 +112,5 @@ def export_all(plan: Plan, folder: str | Path, prefix: str = "", known: Mapping[
     return out
 
 
-__all__ = sorted(["EXPORTERS", "MAX_DECODER_LAYERS", "Exporter", "export_all", "export_plan", "get_exporter", *_LAZY])
+__all__ = sorted(["EXPORTERS", "MAX_DECODER_LAYERS", "Exporter", "export_all", "export_file_names", "export_plan",
+                  "get_exporter", *_LAZY])
