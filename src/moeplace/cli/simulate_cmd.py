@@ -47,9 +47,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
                          args.prefill_tokens, args.decode_running)
     cost, batching = cost_config(dep), batch_config(dep)
+    rule = dep.rule
+    if plan is not None and plan.dispatch_rule and "rule" not in (getattr(args, "deployment_given", None) or ()):
+        rule = plan.dispatch_rule  # a plan chosen with its dispatch rule is replayed under it unless --rule says
     engine = engine_from_args(args)
     try:
-        res = simulate(args.trace, plan, cluster, cost, batching, rule=dep.rule, num_redundant=args.redundant,
+        res = simulate(args.trace, plan, cluster, cost, batching, rule=rule, num_redundant=args.redundant,
                        chunk_tokens=args.chunk_tokens, progress=args.progress, engine=engine)
     finally:
         if engine is not None:
