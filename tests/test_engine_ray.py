@@ -60,6 +60,13 @@ def test_killed_worker_is_retried_with_the_same_answer(engine, fg_local, tmp_pat
     assert got == fg_local
 
 
+def test_compare_on_ray_is_the_sequential_answer(engine):
+    from test_compare_engine import compare_both
+
+    a, b = compare_both(engine)
+    assert a == b
+
+
 def test_simulate_on_ray_is_byte_identical(engine):
     from moeplace.placement import Cluster
     from moeplace.simulate import BatchConfig, simulate
@@ -89,6 +96,7 @@ def test_cli_joins_an_existing_cluster(engine, tmp_path):
 
 
 def test_cli_unreachable_address_is_one_line(tmp_path):
-    for cmd in (["analyze", FG], ["simulate", FG, "--cluster", "2x2"]):
+    for cmd in (["analyze", FG], ["simulate", FG, "--cluster", "2x2"],
+                ["compare", FG, "--cluster", "2x4", "--redundant", "8"]):
         proc = run_cli([*cmd, "--engine", "ray", "--address", "127.0.0.1:1"], tmp_path, timeout=120)
         assert_clean_failure(proc, ["--address 127.0.0.1:1", "no Ray cluster reachable"])

@@ -16,7 +16,14 @@ from moeplace.cli import (
     output_file,
     param_type,
 )
-from moeplace.cli.options import add_deployment_options, batch_config, cost_config, deployment_from_args
+from moeplace.cli.options import (
+    add_deployment_options,
+    add_engine_options,
+    batch_config,
+    cost_config,
+    deployment_from_args,
+    engine_from_args,
+)
 from moeplace.deploy import TIME_PARAMS
 from moeplace.io import atomic_write_json
 from moeplace.params import Param
@@ -135,6 +142,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{dep.cluster.spec()} ({plan.placement.slots_per_gpu} per GPU), {len(plan.homes)} request homes, "
           f"planned in {plan.plan_seconds:.2f} s -> {args.out}")
     print(f"  {format_cost_model(plan)}")
+    decision = plan.extra.get("decision")
+    if isinstance(decision, dict) and "reason" in decision:
+        print(f"  decision: {decision['reason']}")
     return 0
 
 
@@ -169,9 +179,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     scoring = ({} if dep is None else
                {"cost": cost_config(dep), "batching": batch_config(dep), "rule": dep.rule, "deployment": dep})
     R = 0 if args.redundant is None and deps is None else args.redundant  # None + a profile: per-phase default
-    res = run_compare(read_trace(args.trace), None if dep is None else dep.cluster, R, names, args.holdout,
-                      args.split, args.seed, args.prefix_tokens, params.pop("balance_floor", None), params,
-                      progress=say, arrival=args.arrival, floors=floors, plot=args.plot, **scoring, **measure)
+    engine = engine_from_args(args)  # an unreachable --address fails before the trace is read
+    if engine is not None:
+        measure["engine"] = engine
+    try:
+        res = run_compare(read_trace(args.trace), None if dep is None else dep.cluster, R, names, args.holdout,
+                          args.split, args.seed, args.prefix_tokens, params.pop("balance_floor", None), params,
+                          progress=say, arrival=args.arrival, floors=floors, plot=args.plot, **scoring, **measure)
+    finally:
+        if engine is not None:
+            engine.close()
     where = ", ".join(f"{ph} {d['cluster']} R={d['num_redundant']}" for ph, d in res["phase_deployments"].items())
     prof = f" (profile {res['profile']})" if res.get("profile") else ""
     print(f"{res['trace']} on {where}{prof}: planned on {res['planning_requests']} requests, scored on "
@@ -304,25 +321,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--allow-few", action="store_true",
                    help="with --profile: score a phase that forms fewer full micro-batches, every micro-batch of it")
     _common(c)
+    add_engine_options(c)
     c.set_defaults(func=cmd_compare, check=_check_compare)
 
     e = sub.add_parser(
-        "export", help="write a plan as SGLang's or vLLM's expert mapping",
+        "export", help="write a plan as SGLang's or vLLM's expert mapping, or its grouper for a request router",
         description="Export a plan's placement: 'sglang' writes {physical_to_logical_map: [decoder layers][P]} for "
                     "--init-expert-location (dense layers get the trivial map); 'vllm' writes the EPLB state "
-                    "(physical_to_logical_map, logical_to_physical_map, logical_replica_count) over MoE layers.",
-        epilog="example:\n  moeplace export plan.json --format sglang --trace ds.trace --out init_location.json",
+                    "(physical_to_logical_map, logical_to_physical_map, logical_replica_count) over MoE layers; "
+                    "'grouper' writes a grouped plan's request router for 'moeplace route serve' (docs/ROUTE.md).",
+        epilog="examples:\n  moeplace export plan.json --format sglang --trace ds.trace --out init_location.json\n"
+               "  moeplace export plan.json --format grouper --trace ds.trace --out grouper.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     e.add_argument("plan", type=input_file, help="plan JSON from 'moeplace plan'")
     e.add_argument("--format", required=True, choices=list(EXPORTERS),
                    help="; ".join(f"{x.name}: {x.summary}" for x in EXPORTERS.values()))
     e.add_argument("--out", required=True, type=output_file, help="JSON file to write")
-    e.add_argument("--trace", help="sglang: trace whose moe_layer_map places MoE layers among decoder layers "
-                   "(default: the layout the plan records)")
+    e.add_argument("--trace", help="sglang, grouper: trace whose moe_layer_map places MoE layers among decoder "
+                   "layers (default: the layout the plan records)")
     e.add_argument("--num-decoder-layers", type=int_in(1, MAX_DECODER_LAYERS),
-                   help="sglang: decoder layers of the model (default: the plan's or trace's record); equal to the "
-                   "plan's MoE layers when every layer is MoE and nothing is recorded")
+                   help="sglang, grouper: decoder layers of the model (default: the plan's or trace's record); equal "
+                   "to the plan's MoE layers when every layer is MoE and nothing is recorded")
     e.set_defaults(func=cmd_export)
 
 

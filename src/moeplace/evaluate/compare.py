@@ -31,9 +31,12 @@ from moeplace.evaluate.measure import (
     MIN_MICROBATCHES,
     PhaseSetup,
     check_enough,
+    collect_seed,
     measure_seed,
     microbatch_counts,
+    run_seed_job,
     score_on,
+    seed_jobs,
     setup_of,
     summarize,
 )
@@ -62,7 +65,8 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
             rule: str = DEFAULT_RULE, deployment: Deployment | None = None, *,
             phase_deployments: dict[str, Deployment] | None = None, split_seeds: list[int] | None = None,
             arrival_seed: int | None = None, min_microbatches: int = MIN_MICROBATCHES, allow_few: bool = False,
-            phases: tuple[str, ...] = ("prefill", "decode"), on_seed: Callable[..., None] | None = None) -> dict:
+            phases: tuple[str, ...] = ("prefill", "decode"), on_seed: Callable[..., None] | None = None,
+            engine=None) -> dict:
     """Plan each strategy on the planning window and score it on the held-out one. Returns the compare JSON.
 
     arrival: the held-out window's arrival order (``table`` or ``mixed``, see :mod:`moeplace.evaluate.windows`).
@@ -77,7 +81,9 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
     (a bench that fills each phase on its own cluster measures one at a time). ``on_seed(split_seed, windows,
     samples, results, plans)``, when given, is called after each split seed with what
     :func:`moeplace.evaluate.measure.measure_seed` returned (a bench pairs its own per-micro-batch quantities,
-    e.g. inter-node bytes, across plans with them); it does not change the answer.
+    e.g. inter-node bytes, across plans with them); it does not change the answer. ``engine``
+    (:mod:`moeplace.engine`): plan and score every strategy x split seed as a separate task; the answer is the
+    sequential one (only the measured seconds differ).
 
     Rows (the first split seed) give the predicted MoE layer time per micro-batch for prefill and decode and each
     strategy's ratio to eplb's; ``phases`` (all split seeds, :mod:`moeplace.evaluate.measure`) the ratio to the
@@ -133,16 +139,38 @@ def compare(trace: Trace, cluster: Cluster | None, num_redundant: int | None, st
                  "expert_groups": num_groups, "strategies": {}}
     per_seed: dict[str, list] = {ph: [] for ph in setups}
     counts_all: list[dict] = []
-    for i, s in enumerate(seeds):
+
+    def windows_of(i: int, s: int):
         win = split_windows(trace, holdout, split, s, prefix_tokens, arrival, arrival_seed)
         counts = {ph: microbatch_counts(win, st.batching)[ph] for ph, st in setups.items()}
         check_enough(counts, setups, min_microbatches, allow_few, f"{meta.model} (split seed {s})")
         counts_all.append(counts)
-        if progress and len(seeds) > 1:
-            progress(f"split seed {s} ({i + 1} of {len(seeds)})")
+        return win
+
+    measured_seeds = None
+    if engine is not None:  # every strategy x split seed is one task; answers kept in the sequential order
         t0 = time.perf_counter()
-        smp, results, plans = measure_seed(win, names, setups, redundant, num_groups, plan_one, min_microbatches,
-                                           allow_few, progress if i == 0 else None)
+        wins = [windows_of(i, s) for i, s in enumerate(seeds)]
+        jobs = [seed_jobs(i, names, setups, num_groups) for i in range(len(seeds))]
+        if progress:
+            progress(f"{sum(map(len, jobs))} planning jobs over {len(seeds)} split seed(s) on {engine.name} "
+                     f"({engine.workers} workers)")
+        flat = list(engine.map(run_seed_job, [j for js in jobs for j in js], wins, setups, redundant, plan_one))
+        measured_seeds, at = [], 0
+        for js in jobs:
+            measured_seeds.append(collect_seed(js, flat[at:at + len(js)], setups, min_microbatches, allow_few))
+            at += len(js)
+    for i, s in enumerate(seeds):
+        if measured_seeds is not None:
+            win = wins[i]
+            smp, results, plans = measured_seeds[i]
+        else:
+            win = windows_of(i, s)
+            if progress and len(seeds) > 1:
+                progress(f"split seed {s} ({i + 1} of {len(seeds)})")
+            t0 = time.perf_counter()
+            smp, results, plans = measure_seed(win, names, setups, redundant, num_groups, plan_one,
+                                               min_microbatches, allow_few, progress if i == 0 else None)
         for ph in setups:
             per_seed[ph].append(smp[ph])
         if on_seed is not None:

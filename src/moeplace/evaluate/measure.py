@@ -154,6 +154,70 @@ def phase_of(res: SimResult, phase: str) -> PhaseResult:
     return res.prefill if phase == "prefill" else res.decode
 
 
+@dataclass(frozen=True)
+class SeedJob:
+    """One planning job of a split seed: an EPLB baseline policy (scored under every rule of
+    :data:`BASELINE_RULES`) or a strategy, planned on the phases ``group`` share."""
+
+    seed_index: int
+    group: tuple[str, ...]  # phases planned and simulated together (one deployment)
+    name: str  # the strategy, or the baseline policy ("eplb", "eplb-hierarchical")
+    baseline: bool
+    params: dict  # what plan_one adds to the strategy's parameters
+
+
+def seed_jobs(seed_index: int, strategies: list[str], setups: dict[str, PhaseSetup], num_groups: int
+              ) -> list[SeedJob]:
+    """The jobs of one split seed, in the order their results are kept (baselines first, per deployment)."""
+    groups: dict[tuple, list[str]] = {}
+    for ph, st in setups.items():
+        groups.setdefault(st.key(), []).append(ph)
+    jobs = []
+    for phases in groups.values():
+        st = setups[phases[0]]
+        for base, kw in baseline_variants(num_groups, st.cluster):
+            jobs.append(SeedJob(seed_index, tuple(phases), base, True, kw))
+        for n in strategies:
+            one = {"phases": phases[0]} if len(phases) == 1 and get_strategy(n).param("phases") else {}
+            jobs.append(SeedJob(seed_index, tuple(phases), n, False, one))  # a strategy that weighs phases: ours
+    return jobs
+
+
+def job_label(job: SeedJob, setups: dict[str, PhaseSetup]) -> str:
+    return f"planning {job.name} on {setups[job.group[0]].cluster.spec()} ({'+'.join(job.group)})"
+
+
+def run_seed_job(job: SeedJob, windows: list[Windows], setups: dict[str, PhaseSetup], redundant: dict[str, int],
+                 plan_one: Callable[..., Plan]) -> tuple[dict[str, SimResult], Plan]:
+    """Plan one job on its seed's planning window (``windows[job.seed_index]``) and score it on the held-out one:
+    ({name or policy/rule: SimResult}, plan). A pure function of its arguments, so an engine may run it anywhere."""
+    win, st, R = windows[job.seed_index], setups[job.group[0]], redundant[job.group[0]]
+    if job.baseline:
+        plan = plan_one("eplb", win, st.cluster, R, st.deployment, job.params)
+        return {f"{job.name}/{rule}": score_on(plan, win, st, rule, job.group) for rule in BASELINE_RULES}, plan
+    plan = plan_one(job.name, win, st.cluster, R, st.deployment, job.params)
+    return {job.name: score_on(plan, win, st, phases=job.group)}, plan
+
+
+def collect_seed(jobs: list[SeedJob], outs: list[tuple[dict[str, SimResult], Plan]], setups: dict[str, PhaseSetup],
+                 min_microbatches: int, allow_few: bool) -> tuple[dict, dict, dict]:
+    """What :func:`measure_seed` returns, from one seed's jobs and their :func:`run_seed_job` answers (in order)."""
+    out: dict[str, dict[str, PhaseSamples]] = {ph: {} for ph in setups}
+    results: dict[str, dict[str, SimResult]] = {ph: {} for ph in setups}
+    plans: dict[str, dict[str, Plan]] = {ph: {} for ph in setups}
+    for job, (scored, plan) in zip(jobs, outs, strict=True):
+        st = setups[job.group[0]]
+        for name, res in scored.items():
+            for ph in job.group:  # the mask depends on micro-batch sizes only: the same for every plan (paired)
+                pr = phase_of(res, ph)
+                out[ph][name] = samples(pr, scored_mask(pr, st.batching.capacity(ph), st.full_only, allow_few,
+                                                        min_microbatches))
+        if not job.baseline:
+            for ph in job.group:
+                results[ph][job.name], plans[ph][job.name] = scored[job.name], plan
+    return out, results, plans
+
+
 def measure_seed(windows: Windows, strategies: list[str], setups: dict[str, PhaseSetup],
                  redundant: dict[str, int], num_groups: int, plan_one: Callable[..., Plan],
                  min_microbatches: int, allow_few: bool, progress: Callable[[str], None] | None = None
@@ -163,38 +227,13 @@ def measure_seed(windows: Windows, strategies: list[str], setups: dict[str, Phas
 
     plan_one(name, windows, cluster, num_redundant, deployment, params) -> Plan plans one strategy.
     """
-    groups: dict[tuple, list[str]] = {}
-    for ph, st in setups.items():
-        groups.setdefault(st.key(), []).append(ph)
-    out: dict[str, dict[str, PhaseSamples]] = {ph: {} for ph in setups}
-    results: dict[str, dict[str, SimResult]] = {ph: {} for ph in setups}
-    plans: dict[str, dict[str, Plan]] = {ph: {} for ph in setups}
-    for phases in groups.values():
-        st = setups[phases[0]]
-        R = redundant[phases[0]]
-
-        def keep(name: str, res: SimResult, phases: list[str] = phases, st: PhaseSetup = st) -> None:
-            for ph in phases:  # the mask depends on micro-batch sizes only: the same for every plan (paired)
-                pr = phase_of(res, ph)
-                out[ph][name] = samples(pr, scored_mask(pr, st.batching.capacity(ph), st.full_only, allow_few,
-                                                        min_microbatches))
-
-        for base, kw in baseline_variants(num_groups, st.cluster):
-            if progress:
-                progress(f"planning {base} on {st.cluster.spec()} ({'+'.join(phases)})")
-            plan = plan_one("eplb", windows, st.cluster, R, st.deployment, kw)
-            for rule in BASELINE_RULES:
-                keep(f"{base}/{rule}", score_on(plan, windows, st, rule, tuple(phases)))
-        for n in strategies:
-            if progress:
-                progress(f"planning {n} on {st.cluster.spec()} ({'+'.join(phases)})")
-            one = {"phases": phases[0]} if len(phases) == 1 and get_strategy(n).param("phases") else {}
-            plan = plan_one(n, windows, st.cluster, R, st.deployment, one)  # a strategy that weighs phases: ours
-            res = score_on(plan, windows, st, phases=tuple(phases))
-            keep(n, res)
-            for ph in phases:
-                results[ph][n], plans[ph][n] = res, plan
-    return out, results, plans
+    jobs = seed_jobs(0, strategies, setups, num_groups)
+    outs = []
+    for job in jobs:
+        if progress:
+            progress(job_label(job, setups))
+        outs.append(run_seed_job(job, [windows], setups, redundant, plan_one))
+    return collect_seed(jobs, outs, setups, min_microbatches, allow_few)
 
 
 def phase_block(per_seed: list[dict[str, PhaseSamples]], strategy: str, baseline: str) -> dict | None:
@@ -269,6 +308,7 @@ def format_phases(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BASELINE_RULES", "MIN_MICROBATCHES", "PhaseSamples", "PhaseSetup", "baseline_variants", "check_enough",
-           "expert_groups", "format_phases", "measure_seed", "microbatch_counts", "phase_block", "scored_mask",
+__all__ = ["BASELINE_RULES", "MIN_MICROBATCHES", "PhaseSamples", "PhaseSetup", "SeedJob", "baseline_variants",
+           "check_enough", "collect_seed", "expert_groups", "format_phases", "job_label", "measure_seed",
+           "microbatch_counts", "phase_block", "run_seed_job", "scored_mask", "seed_jobs",
            "setup_of", "strongest_baseline", "summarize"]
