@@ -21,10 +21,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
+from moeplace.budget import over_budget
+from moeplace.io import unique_keys
+
 MAX_JSON_BYTES = 256 << 20  # largest JSON input read (a 94-layer x 2048-slot plan with 10^6 homes is ~30 MB)
 MAX_DEPTH = 64  # deepest nesting of arrays and objects accepted in any JSON input
 MAX_ID = (1 << 31) - 1  # expert, GPU, layer ids and counts fit in int32
 MAX_REQUEST_ID = (1 << 63) - 1  # request ids are int64 in traces
+# Peak bytes of memory per byte of JSON text while it is parsed, validated and turned into arrays: a list of small
+# numbers ("1,") becomes 8-byte pointers (and 24-byte floats) in the parse, again in validation, then an array
+JSON_PARSE_FACTOR = 24
 
 
 class SchemaError(ValueError):
@@ -63,25 +69,28 @@ def json_depth(obj: object) -> int:
 def parse_json(text: str | bytes, where: str) -> object:
     """Strict JSON (no NaN/Infinity, finite numbers, depth <= MAX_DEPTH); SchemaError naming ``where``."""
     try:
-        obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                         object_pairs_hook=unique_keys)
     except RecursionError:
         raise SchemaError(f"{where}: JSON nested too deeply (at most {MAX_DEPTH} levels)") from None
     except UnicodeDecodeError as e:
         raise SchemaError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise SchemaError(f"{where}: not valid JSON ({e})") from None
-    except ValueError as e:  # parse hooks, and integers of more than 4300 digits
+    except ValueError as e:  # parse hooks (a duplicate key included), and integers of more than 4300 digits
         raise SchemaError(f"{where}: not valid JSON ({e})") from None
     if json_depth(obj) > MAX_DEPTH:
         raise SchemaError(f"{where}: JSON nested too deeply (at most {MAX_DEPTH} levels)")
     return obj
 
 
-def check_input_file(path: str | os.PathLike, what: str, max_bytes: int | None = MAX_JSON_BYTES) -> Path:
-    """``path`` as a Path after checking it is a regular file of at most ``max_bytes``.
+def check_input_file(path: str | os.PathLike, what: str, max_bytes: int | None = MAX_JSON_BYTES,
+                     parse_factor: float = JSON_PARSE_FACTOR) -> Path:
+    """``path`` as a Path after checking it is a regular file of at most ``max_bytes`` whose reading, about
+    ``parse_factor`` bytes of memory per byte of file, fits the memory budget (:mod:`moeplace.budget`).
 
     Raises FileNotFoundError when missing, SchemaError for a directory, FIFO, device or socket (a FIFO would
-    block, /dev/zero would never end) and for a file over the cap.
+    block, /dev/zero would never end), for a file over the cap and for one whose reading would pass the budget.
     """
     p = Path(path)
     try:
@@ -94,6 +103,9 @@ def check_input_file(path: str | os.PathLike, what: str, max_bytes: int | None =
         raise SchemaError(f"{p}: not a regular file (a FIFO, device or socket), expected a {what}")
     if max_bytes is not None and st.st_size > max_bytes:
         raise SchemaError(f"{p}: {st.st_size} bytes is larger than the {max_bytes >> 20} MiB accepted for a {what}")
+    problem = over_budget(st.st_size * parse_factor, f"reading this {what} ({st.st_size / 1e6:.1f} MB)", p)
+    if problem:
+        raise SchemaError(problem)
     return p
 
 

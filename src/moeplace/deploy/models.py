@@ -85,13 +85,15 @@ def expert_groups(model: str) -> int:
     import json
     from pathlib import Path
 
+    from moeplace.io import unique_keys
+
     p = find_model(model)
     if p is not None and p.n_group > 1:
         return p.n_group
     here = Path(__file__).resolve().parents[1] / "data"
     for d in (Path(model), here / Path(model).name):
         try:
-            cfg = json.loads((d / "config.json").read_text())
+            cfg = json.loads((d / "config.json").read_text(), object_pairs_hook=unique_keys)
         except (OSError, ValueError):
             continue
         g = cfg.get("n_group") if isinstance(cfg, dict) else None

@@ -21,6 +21,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from moeplace.io import unique_keys
+
 REFERENCE_DIR = Path(__file__).resolve().parent.parent / "data" / "reference"
 HELDOUT_PROMPTS_FILE = "heldout_prompts.jsonl"
 MANIFEST_FILE = "corpus_manifest.json"
@@ -347,7 +349,10 @@ def builtin_prompts(path: str | Path | None = None) -> list[dict]:
     rows = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
-            row = json.loads(line)
+            try:
+                row = json.loads(line, object_pairs_hook=unique_keys)
+            except ValueError as e:  # not JSON, or a key given twice
+                raise ValueError(f"{p}:{n}: invalid JSON ({e})") from None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise ValueError(f"{p}:{n}: expected {{\"prompt\": str, \"domain\": str, ...}}")
             rows.append(row)

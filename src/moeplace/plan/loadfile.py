@@ -24,7 +24,8 @@ MAX_PT_BYTES = 1 << 30  # largest .pt dump read
 def read_load(path: str | os.PathLike) -> np.ndarray:
     """float64 [L, E] from a load file (see the module docstring); ValueError naming the file and the problem."""
     pt = str(path).endswith(".pt")
-    p = schema.check_input_file(path, "load file", max_bytes=MAX_PT_BYTES if pt else schema.MAX_JSON_BYTES)
+    p = schema.check_input_file(path, "load file", max_bytes=MAX_PT_BYTES if pt else schema.MAX_JSON_BYTES,
+                                parse_factor=2 if pt else schema.JSON_PARSE_FACTOR)  # a .pt holds its tensors
     if p.suffix == ".pt":
         arr = _read_pt(p)
     else:

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from moeplace.io import atomic_write_json
+from moeplace.io import atomic_write_json, unique_keys
 
 SUBNET_PREFIX = "10.77.0."  # addresses inside our namespaces only
 NODE_IFNAME = "mp0"  # the veth end inside each node namespace (GLOO_SOCKET_IFNAME)
@@ -241,7 +241,7 @@ def load_cluster(name: str) -> EmulatedCluster | None:
     if not f.exists():
         return None
     try:
-        c = EmulatedCluster(**json.loads(f.read_text()))
+        c = EmulatedCluster(**json.loads(f.read_text(), object_pairs_hook=unique_keys))
     except (ValueError, TypeError):
         return None
     if c.mode == "netns" and len(list_namespaces(name)) != c.num_nodes + 1:
@@ -381,7 +381,7 @@ def _is_stale(name: str) -> bool:
     """Whether cluster ``name`` is an orphan: its owner is dead, or a bring-up was killed half-way (namespaces
     without a state file). Call with the cluster's lock held, so nobody is building or running on it."""
     try:
-        state = json.loads(_state_file(name).read_text())
+        state = json.loads(_state_file(name).read_text(), object_pairs_hook=unique_keys)
     except FileNotFoundError:
         return bool(list_namespaces(name))
     except (OSError, ValueError):

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moeplace.io import DuplicateKeyError, unique_keys
 from moeplace.trace.capture_spec import (
     DEFAULT_FLUSH_EVERY,
     DEFAULT_PREFILL_BATCH_TOKENS,
@@ -878,9 +879,11 @@ def load_prompts(path: str | os.PathLike) -> list[dict]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{n}: invalid JSON ({e.msg})") from None
+        except DuplicateKeyError as e:
+            raise ValueError(f"{p}:{n}: invalid JSON ({e})") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{p}:{n}: expected a JSON object like {{\"prompt\": ..., \"domain\": ...}}")
         if "prompt" not in obj:

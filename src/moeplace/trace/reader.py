@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from moeplace.io import DuplicateKeyError, unique_keys
 from moeplace.trace.budget import MEMORY_BUDGET_ENV, check_memory
 from moeplace.trace.format import (
     MAX_ROWS_PER_BYTE,
@@ -115,8 +116,8 @@ def read_meta(path: str | os.PathLike, budget: int | None = None) -> TraceMeta:
     if len(raw) > META_MAX_BYTES:
         raise TraceError(f"{mf}: larger than any trace metadata ({META_MAX_BYTES} bytes at most)")
     try:
-        d = json.loads(raw.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        d = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
+    except (json.JSONDecodeError, UnicodeDecodeError, DuplicateKeyError) as e:
         raise TraceError(f"{mf}: corrupt metadata ({e})") from None
     except RecursionError:
         raise TraceError(f"{mf}: corrupt metadata (JSON nested too deeply)") from None

@@ -27,6 +27,7 @@ from moeplace.io import (
     move_folder_into_place,
     remove_stale,
     stale_paths,
+    unique_keys,
 )
 from moeplace.trace.format import (
     COMPRESSION,
@@ -62,7 +63,7 @@ def written_by_moeplace(path: str | os.PathLike) -> bool:
         st = os.lstat(mf)
         if not stat.S_ISREG(st.st_mode) or st.st_size > META_MAX_BYTES:
             return False
-        d = json.loads(mf.read_bytes())
+        d = json.loads(mf.read_bytes(), object_pairs_hook=unique_keys)
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(d, dict) and d.get("written_by") == WRITTEN_BY

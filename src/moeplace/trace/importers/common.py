@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.io import DuplicateKeyError, unique_keys
 from moeplace.trace.reader import regular_file_size
 from moeplace.trace.types import TraceError, TraceMeta
 from moeplace.trace.writer import TraceWriter
@@ -47,8 +48,8 @@ def regular_input(p: Path, what: str) -> Path:
 def json_loads(text: str, where: str):
     """json.loads with every failure (syntax, nesting too deep) as a TraceError naming ``where``."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except (json.JSONDecodeError, DuplicateKeyError) as e:
         raise TraceError(f"{where}: not valid JSON ({e})") from None
     except RecursionError:
         raise TraceError(f"{where}: JSON nested too deeply") from None
