@@ -27,9 +27,10 @@ def cmd_predict_kernel(args: argparse.Namespace) -> int:
     print(f"{args.mode} on {args.cluster_preset}, {args.model}, {args.tokens_per_rank} tokens per rank "
           f"(benchmark routing, seed {args.seed})")
     print(f"{'EP':>5} {'dispatch us':>12} {'combine us':>11} {'dispatch GB/s':>14} {'combine GB/s':>13}")
-    for r in rows:
-        print(f"{r['ep']:>5} {r['dispatch_us']:>12.1f} {r['combine_us']:>11.1f} {r['dispatch_gbps']:>14.1f} "
-              f"{r['combine_gbps']:>13.1f}")
+    for r in rows:  # GB/s is None where the call takes no time (EP 1 with deepep-normal or nccl: nothing sent)
+        gb = {k: "-" if r[k] is None else f"{r[k]:.1f}" for k in ("dispatch_gbps", "combine_gbps")}
+        print(f"{r['ep']:>5} {r['dispatch_us']:>12.1f} {r['combine_us']:>11.1f} {gb['dispatch_gbps']:>14} "
+              f"{gb['combine_gbps']:>13}")
     if args.json:
         atomic_write_json({"model": args.model, "cluster_preset": args.cluster_preset, "mode": args.mode,
                            "tokens_per_rank": args.tokens_per_rank, "seed": args.seed, "rows": rows}, args.json)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from moeplace.budget import check_memory
 from moeplace.placement import Placement, Plan
 from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig, time_terms
 from moeplace.simulate.kernels import KERNELS
 from moeplace.simulate.simulator import simulate
 from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
+
+ROUTING_BYTES_PER_SCORE = 24  # peak bytes per (token, expert) score while benchmark_routing draws and sorts them
 
 
 def benchmark_routing(rng: np.random.Generator, tokens: int, num_experts: int, top_k: int, num_nodes: int,
@@ -57,7 +60,8 @@ def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: s
     deepep-normal, none otherwise); None -> no limit. Returns one dict per EP size: ``ep``, ``dispatch_us``,
     ``combine_us``, ``dispatch_bytes`` and ``combine_bytes`` (per rank, counted as DeepEP's benchmarks count them:
     :func:`benchmark_bytes`), and ``dispatch_gbps`` / ``combine_gbps`` (those bytes / time: the published
-    "bandwidth" columns), ``nodes``.
+    "bandwidth" columns; None where the call takes no time: EP 1 with deepep-normal or nccl sends nothing, so the
+    model prices it at 0 s, as a kernel with no peer costs), ``nodes``.
     """
     from moeplace.deploy import get_cluster_preset, get_model
 
@@ -67,11 +71,15 @@ def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: s
         raise ValueError(f"predict-kernel: tokens_per_rank must be >= 1, got {tokens_per_rank}")
     mp, cp = get_model(model), get_cluster_preset(cluster_preset)
     E, K, G = mp.num_experts, mp.top_k, cp.gpus_per_node
-    rows = []
-    for ep in ep_sizes:
+    for ep in ep_sizes:  # every size is checked before the first is priced
         if ep < 1 or E % ep or (ep > G and ep % G):
             raise ValueError(f"predict-kernel: EP size {ep}: expected a divisor of {E} experts that fills whole "
                              f"nodes of {G} GPUs (or one node of at most {G})")
+        T = ep * tokens_per_rank  # scores [T, E] float32, their argsort int64, the node mask; the trace [T, K]
+        check_memory(T * E * ROUTING_BYTES_PER_SCORE + T * K * 64, f"the benchmark routing of {T} tokens x {E} "
+                     "experts", f"predict-kernel --ep {ep} --tokens-per-rank {tokens_per_rank}")
+    rows = []
+    for ep in ep_sizes:
         nodes = max(1, ep // G)
         cluster = cp.cluster(nodes) if ep >= G else cp.hardware.cluster(1, ep)
         groups = (min(nodes, 4) if mode == "deepep-normal" else None) if node_groups == -1 else node_groups
@@ -93,5 +101,10 @@ def predict_kernel(model: str, cluster_preset: str, ep_sizes: list[int], mode: s
         db, cb = benchmark_bytes(ids, mode, E, ep, G, terms.dispatch_send_bytes[mode], terms.combine_send_bytes)
         rows.append({"ep": ep, "nodes": nodes, "dispatch_us": d * 1e6, "combine_us": c * 1e6,
                      "dispatch_bytes": db, "combine_bytes": cb,
-                     "dispatch_gbps": db / d / 1e9, "combine_gbps": cb / c / 1e9})
+                     "dispatch_gbps": _gbps(db, d), "combine_gbps": _gbps(cb, c)})
     return rows
+
+
+def _gbps(nbytes: float, seconds: float) -> float | None:
+    """GB/s of a kernel call, None when it takes no time (nothing sent: no bandwidth to speak of)."""
+    return nbytes / seconds / 1e9 if seconds > 0 else None
