@@ -51,6 +51,12 @@ def format_policies() -> str:
     return "\n".join(lines)
 
 
+def schedule_error(path: str, e: Exception) -> str:
+    """A mix schedule's error as one line naming the flag and the file (once)."""
+    text = str(e)
+    return f"--schedule {path}: {text[len(path) + 2:] if text.startswith(f'{path}: ') else text}"
+
+
 def cmd_operate(args: argparse.Namespace) -> int:
     from moeplace.operate import OperateConfig
     from moeplace.operate.metrics import DEFAULT_HOST, check_listen, is_loopback
@@ -93,9 +99,19 @@ def cmd_operate(args: argparse.Namespace) -> int:
             from moeplace.operate.workloads import MixSchedule
             from moeplace.schema import read_json_file
 
-            schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), str(args.schedule))
-        stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
-                             schedule, args.stream_requests, args.stream_key)
+            try:
+                schedule = MixSchedule.from_json(read_json_file(args.schedule, "mix schedule"), "schedule")
+            except ValueError as e:
+                raise CliError(schedule_error(args.schedule, e)) from None
+        try:
+            stream = open_stream(args.stream, args.window_requests, args.order, args.seed, args.drift_requests,
+                                 schedule, args.stream_requests, args.stream_key)
+        except ValueError as e:
+            from moeplace.trace.types import TraceError
+
+            if schedule is None or isinstance(e, TraceError):  # a trace's error names its file
+                raise
+            raise CliError(schedule_error(args.schedule, e)) from None
     print(f"stream: {stream.label}", flush=True)
     res = run(stream, cfg, args.policy, args.out, args.json, args.metrics_port, args.linger,
               on_start=lambda url: print(f"metrics on {url}/metrics, dashboard on {url}/", flush=True),

@@ -170,7 +170,7 @@ def trace_stream(path: str | os.PathLike, window_requests: int, order: str = "ta
                   {"source": str(p), "order": order, f"{what}s": firsts})
 
 
-def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0) -> Trace:
+def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0, where: str = "phases") -> Trace:
     """A seeded drift built from ``trace``: the phases in order, each arrival drawn with replacement from the
     trace's domain pools in proportion to its phase's mix (:func:`moeplace.operate.workloads.stream_trace` with
     a :class:`~moeplace.operate.workloads.MixSchedule` of these phases). Returns an in-memory trace (request table =
@@ -179,7 +179,7 @@ def drift_trace(trace: Trace, phases: list[Phase], seed: int = 0) -> Trace:
         raise ValueError("drift: needs a per-token trace; this one is counts-only")
     if not phases:
         raise ValueError("drift: give at least one phase")
-    return stream_trace(trace, MixSchedule(phases=tuple(phases)), seed=seed)
+    return stream_trace(trace, MixSchedule(phases=tuple(phases)), seed=seed, where=where)
 
 
 def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases: list[Phase] | None = None,
@@ -189,9 +189,12 @@ def drift_stream(trace: Trace | str | os.PathLike, window_requests: int, phases:
     w = _check_window(window_requests)
     name = name or (Path(trace).name if not isinstance(trace, Trace) else trace.meta.model)
     t = trace if isinstance(trace, Trace) else read_trace(trace)
+    where = "phases"
     if phases is None:
-        phases = default_phases(list(dict.fromkeys(t.requests.domain.tolist())), requests_per_phase)
-    d = drift_trace(t, phases, seed)
+        doms = list(dict.fromkeys(t.requests.domain.tolist()))
+        phases = default_phases(doms, requests_per_phase)
+        where = f"requests_per_phase={requests_per_phase} (--drift-requests) x {len(doms)} domains"
+    d = drift_trace(t, phases, seed, where)
     label = f"seeded drift of {name} (seed {seed}; {MixSchedule(phases=tuple(phases)).describe()})" + \
         _synthetic(d.meta)
     return Stream(label, d.meta, memory_windows(d, w), len(d.requests),
@@ -207,7 +210,9 @@ def schedule_stream(trace: Trace | str | os.PathLike, window_requests: int, sche
     w = _check_window(window_requests)
     name = name or (Path(trace).name if not isinstance(trace, Trace) else trace.meta.model)
     t = trace if isinstance(trace, Trace) else read_trace(trace)
-    d = stream_trace(t, schedule, num_requests, seed, key, replace)
+    where = ("the schedule's phases (one pass)" if num_requests is None else
+             f"num_requests={num_requests} (--stream-requests)")
+    d = stream_trace(t, schedule, num_requests, seed, key, replace, where)
     what = "synthetic" if d.meta.synthetic else "real"
     label = f"seeded stream of {name} by {key} (seed {seed}; {schedule.describe()}; {what} routing re-ordered)" + \
         _synthetic(d.meta)

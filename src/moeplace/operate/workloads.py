@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeplace.budget import check_memory
 from moeplace.trace.types import Requests, TokenChunk, Trace, TraceMeta
 
 KEYS = ("domain", "dataset", "subdomain")
@@ -113,7 +114,10 @@ class Phase:
     @classmethod
     def from_json(cls, d: object, where: str = "phase") -> Phase:
         d = _fields(where, d, {"requests", "mix"}, {"requests", "mix"})
-        return cls(d["requests"], d["mix"])
+        try:
+            return cls(d["requests"], d["mix"])
+        except ValueError as e:  # name where in the file
+            raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,10 @@ class DailyCycle:
     @classmethod
     def from_json(cls, d: object, where: str = "cycle") -> DailyCycle:
         d = _fields(where, d, {"period", "amplitude", "offset", "requests_per_hour"}, {"period", "amplitude"})
-        return cls(d["period"], d["amplitude"], d.get("offset") or {}, d.get("requests_per_hour"))
+        try:
+            return cls(d["period"], d["amplitude"], d.get("offset") or {}, d.get("requests_per_hour"))
+        except ValueError as e:  # name where in the file
+            raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,10 @@ class Burst:
     @classmethod
     def from_json(cls, d: object, where: str = "burst") -> Burst:
         d = _fields(where, d, {"start", "length", "key", "share"}, {"start", "length", "key", "share"})
-        return cls(d["start"], d["length"], d["key"], d["share"])
+        try:
+            return cls(d["start"], d["length"], d["key"], d["share"])
+        except ValueError as e:  # name where in the file
+            raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -338,10 +348,13 @@ class MixSchedule:
         for name in ("phases", "bursts"):
             if not isinstance(d.get(name, []), list):
                 raise ValueError(f"{where}.{name}: expected a list")
-        return cls(tuple(Phase.from_json(x, f"{where}.phases[{i}]") for i, x in enumerate(d.get("phases", []))),
-                   None if d.get("cycle") is None else DailyCycle.from_json(d["cycle"], f"{where}.cycle"),
-                   tuple(Burst.from_json(x, f"{where}.bursts[{i}]") for i, x in enumerate(d.get("bursts", []))),
-                   d.get("base"))
+        parts = (tuple(Phase.from_json(x, f"{where}.phases[{i}]") for i, x in enumerate(d.get("phases", []))),
+                 None if d.get("cycle") is None else DailyCycle.from_json(d["cycle"], f"{where}.cycle"),
+                 tuple(Burst.from_json(x, f"{where}.bursts[{i}]") for i, x in enumerate(d.get("bursts", []))))
+        try:
+            return cls(*parts, d.get("base"))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
 
 def default_phases(keys: list[str], requests_per_phase: int, share: float = 0.7) -> list[Phase]:
@@ -386,7 +399,8 @@ def grouped_order(keys: np.ndarray) -> np.ndarray:
 def _resolve_length(schedule: MixSchedule, num_requests: int | None) -> int:
     if num_requests is None:
         if not schedule.phases:
-            raise ValueError("num_requests: give the stream length (the schedule has no phases to take it from)")
+            raise ValueError("num_requests: give the stream length (CLI: --stream-requests; the schedule has no "
+                             "phases to take it from)")
         return schedule.phase_requests
     return _count("num_requests", num_requests, 1)
 
@@ -472,17 +486,31 @@ def take_requests(trace: Trace, pick: np.ndarray, meta: TraceMeta | None = None)
     return Trace(meta or trace.meta, r, tokens, None)
 
 
+def stream_bytes(trace: Trace, num_requests: int, num_keys: int) -> float:
+    """Peak bytes of a stream of ``num_requests`` arrivals drawn from ``trace`` over ``num_keys`` keys:
+    :func:`order_pool`'s [N, D] probability tables and the token rows :func:`take_requests` copies (the trace's
+    mean rows per request, each with its ids, weights and columns), plus each arrival's source text."""
+    tk = trace.tokens
+    rows = len(tk) / max(len(trace.requests), 1) if tk is not None else 0.0
+    row = 21 + (tk.expert_ids[:1].nbytes + (0 if tk.expert_weights is None else tk.expert_weights[:1].nbytes)
+                if tk is not None else 0)
+    return float(num_requests) * (32 * max(num_keys, 1) + 256 + 2 * rows * row)
+
+
 def stream_trace(trace: Trace, schedule: MixSchedule, num_requests: int | None = None, seed: int = 0,
-                 key: str = "domain", replace: bool = True) -> Trace:
+                 key: str = "domain", replace: bool = True, where: str = "num_requests") -> Trace:
     """``trace`` re-ordered into a stream of ``num_requests`` arrivals following ``schedule`` over its domains
     (``key="domain"``) or datasets (``key="dataset"``): :func:`order_pool` picks the requests, whose token rows are
     copied as recorded. Returns an in-memory trace whose request table is the arrival order (fresh ids 0..N-1);
     ``meta.source`` says "stream of X (seed s; key; schedule)" and whether it is real or synthetic routing
-    re-ordered; ``meta.extra["stream"]`` holds the seed, key and schedule JSON; ``synthetic`` is carried over."""
+    re-ordered; ``meta.extra["stream"]`` holds the seed, key and schedule JSON; ``synthetic`` is carried over.
+    A stream that would not fit the memory budget (:func:`stream_bytes`) is refused first, naming ``where`` (the
+    option or file its length came from)."""
     if trace.tokens is None:
         raise ValueError("stream_trace: needs a per-token trace; this one is counts-only")
     pool = keys_of(trace.requests, key)
     N = _resolve_length(schedule, num_requests)
+    check_memory(stream_bytes(trace, N, len(set(pool.tolist()))), f"a stream of {N} arrivals", where)
     pick = order_pool(pool, schedule, N, seed, key, replace)
     m = trace.meta
     what = "synthetic routing re-ordered" if m.synthetic else "real routing re-ordered"
