@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 from scipy.special import ndtri
 
 from moeplace.deploy import ModelPreset, get_model
@@ -121,6 +122,43 @@ def _lengths(cfg: SynthConfig, rng: np.random.Generator, n: int) -> tuple[np.nda
     return pl, gl
 
 
+@njit(cache=True, nogil=True)
+def _later_duplicates(ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """bool [R, T, K]: slot j of a token holds an expert one of its slots 0..j-1 holds. ids: int64 [R, T, K]."""
+    R, T, K = ids.shape
+    out = np.zeros((R, T, K), np.bool_)
+    for r in range(R):
+        for t in range(T):
+            for j in range(1, K):
+                v = ids[r, t, j]
+                for i in range(j):
+                    if ids[r, t, i] == v:
+                        out[r, t, j] = True
+                        break
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _search_rows(flat: np.ndarray, v: np.ndarray, row: np.ndarray, width: int) -> np.ndarray:  # pragma: no cover
+    """int64 [n]: ``searchsorted(flat, v, side="right") - row * width`` searched inside row ``row`` only (rows of
+    ``width`` sorted values, each at least its row index and at most one more, as the draw builds them; a value past
+    its row gives ``width``, which the caller clips as it clipped the global search's answer)."""
+    out = np.empty(len(v), np.int64)
+    for i in range(len(v)):
+        lo = row[i] * width
+        hi = lo + width
+        x = v[i]
+        a, b = lo, hi
+        while a < b:
+            mid = (a + b) // 2
+            if flat[mid] <= x:
+                a = mid + 1
+            else:
+                b = mid
+        out[i] = a - lo
+    return out
+
+
 def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator, pl: np.ndarray, gl: np.ndarray,
                dom: np.ndarray, layers: int | None = None) -> np.ndarray:
     """Routing of a batch of requests: int16 [R, T_max, L, K] (entries past a request's length are garbage)."""
@@ -147,7 +185,7 @@ def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator
 
         def draw(r_idx, dec, slot, _flat=flat):
             row = (r_idx * 2 + dec) * H + m.slot_group[slot]
-            pos = np.searchsorted(_flat, rng.random(len(row)) + row, side="right") - row * Eg
+            pos = _search_rows(_flat, rng.random(len(row)) + row, row, Eg)  # = searchsorted(right) - row * Eg
             return m.slot_group[slot] * Eg + np.clip(pos, 0, Eg - 1)
 
         switch = rng.random((R, T, K)) >= p.tau
@@ -162,15 +200,19 @@ def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator
         full[rr, tt, kk] = val
         last = np.maximum.accumulate(np.where(switch, t[None, :, None], 0), axis=1)
         ids = np.take_along_axis(full, last, 1)  # forward fill: each slot keeps its expert until it switches
+        cr = ct = None  # tokens that had duplicates: only they can have them after a redraw
         for attempt in range(9):  # a token's slots must hold distinct experts: redraw later duplicates
-            dup = np.zeros((R, T, K), bool)
-            for j in range(1, K):
-                dup[..., j] = (ids[..., :j] == ids[..., j:j + 1]).any(-1)
-            if not dup.any():
+            if cr is None:
+                dr, dt, dk = np.nonzero(_later_duplicates(ids))
+            else:  # the same entries, in the same (r, t, k) order, as a check of every token would find
+                i, dk = np.nonzero(_later_duplicates(ids[cr, ct][None])[0])
+                dr, dt = cr[i], ct[i]
+            if not len(dr):
                 break
-            dr, dt, dk = np.nonzero(dup)
             if attempt < 8:
                 ids[dr, dt, dk] = draw(dr, is_dec[dr, dt].astype(np.int64), dk)
+                first = np.r_[True, (dr[1:] != dr[:-1]) | (dt[1:] != dt[:-1])]
+                cr, ct = dr[first], dt[first]
                 continue
             # skewed rows: the remaining duplicates take uniformly random unused experts of their group, in turn
             for j in np.unique(dk):
