@@ -26,14 +26,16 @@ def test_evidence_microbatches_follow_the_rules_by_loops():
     for i, t in enumerate(order):
         want = i // sizes["prefill"]
         assert got[t] == (want if want < n_pre // sizes["prefill"] else -1)
-    # decode: step j of every request (in arrival order), then step j + 1, cut every 9 rows
+    # decode: step j of every request (in arrival order), then step j + 1, the steps dealt round-robin over the
+    # n_dec // 9 micro-batches (step j to micro-batch j mod that), cut every 9 rows
     step = {}
     seq = []
     for t in range(200):
         if dec[t]:
             step[t] = sum(1 for u in range(t) if dec[u] and tr[u] == tr[t])
     rank = {int(r): i for i, r in enumerate(arrival)}
-    seq = sorted(step, key=lambda t: (step[t], rank[int(tr[t])]))
+    n_mb = n_dec // 9
+    seq = sorted(step, key=lambda t: (step[t] % n_mb, step[t], rank[int(tr[t])]))
     for i, t in enumerate(seq):
         want = i // 9
         assert got[t] == (want if want < n_dec // 9 else -1)

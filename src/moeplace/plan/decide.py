@@ -32,7 +32,7 @@ from moeplace.intervals import paired_ratio_ci
 from moeplace.simulate.batching import rank_within
 
 PHASES = ("prefill", "decode")
-MIN_EVIDENCE_MICROBATCHES = 8  # micro-batches per fold and phase the evidence aims for
+MIN_EVIDENCE_MICROBATCHES = 2  # full micro-batches per fold and phase below which the evidence shrinks them
 
 
 def evidence_microbatches(token_request: np.ndarray, prefill: np.ndarray, decode: np.ndarray, arrival: np.ndarray,
@@ -59,8 +59,9 @@ def evidence_microbatches(token_request: np.ndarray, prefill: np.ndarray, decode
         step = rank_within(tr[rows])  # the row's rank among its request's rows of this phase
         if phase == "prefill":
             key = np.lexsort((step, pos[tr[rows]]))  # prompts end to end in arrival order
-        else:
-            key = np.lexsort((pos[tr[rows]], step))  # one decode step of every request, then the next
+        else:  # one decode step of every request, then the next; steps dealt round-robin over the micro-batches
+            n_mb = max(1, len(rows) // size)  # (a micro-batch takes steps far apart: less correlated than adjacent)
+            key = np.lexsort((pos[tr[rows]], step, step % n_mb))
         order = np.empty(len(rows), np.int64)
         order[key] = np.arange(len(rows))
         mb = order // size

@@ -348,7 +348,8 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                objective: str = "time", hidden_size: int | None = None, dispatch_bytes: float = 1.0,
                combine_bytes: float = 2.0, mode: str = "auto", rule: str = "nearest-least-loaded",
                overlap: bool = False, decode_batch: int = 256, prefill_tokens: int = 8192,
-               decode_running: int | None = None, dispatch: str = "choose", phases: str = "both") -> StrategyResult:
+               decode_running: int | None = None, dispatch: str = "choose", phases: str = "both",
+               cv_folds: int = 2) -> StrategyResult:
     """Registry adapter for the joint strategy.
 
     objective: ``time`` (default; :mod:`moeplace.plan.joint_time`: predicted layer time per micro-batch, never
@@ -370,7 +371,8 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                                hidden_size=hidden_size, dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes,
                                mode=mode, rule=rule, overlap=overlap, decode_batch=decode_batch,
                                prefill_tokens=prefill_tokens, max_eval_requests=max_check_requests,
-                               decode_running=decode_running, dispatch=dispatch, phases=phases)
+                               decode_running=decode_running, dispatch=dispatch, phases=phases,
+                               cv_folds=cv_folds)
     if objective != "bytes":
         raise ValueError(f"joint: objective must be 'time' or 'bytes', got {objective!r}")
     if not 0.0 < balance_floor <= 1.0:

@@ -120,6 +120,8 @@ _ALL = (
               Param("dispatch", str, "choose", "objective time: choose the replica dispatch rule with the placement "
                     "(baselines under every engine rule) or keep the deployment's rule fixed",
                     choices=("choose", "fixed")),
+              Param("cv_folds", int, 2, "objective time: cross-validation folds of the evidence (each candidate "
+                    "is built on the others and timed on one)", lo=2, hi=64),
               Param("phases", str, "both", "objective time: the phases the evidence weighs (the one a deployment "
                     "serves, or both)", choices=("both", "prefill", "decode")),
               *_time_params())),
