@@ -45,7 +45,7 @@ from moeplace.plan.joint_common import assign_all, feature_layers, initial_place
 from moeplace.plan.joint_time import plan_joint_time
 from moeplace.plan.registry import DEFAULT_BALANCE_FLOOR, DEFAULT_SEARCH_EVALS, PENALTY
 from moeplace.simulate import routing
-from moeplace.simulate.batching import DECODE_WINDOW_SHIFT
+from moeplace.simulate.batching import BatchConfig, window_microbatches
 from moeplace.simulate.routing import mean_balancedness
 from moeplace.simulate.simulator import route_load
 
@@ -322,18 +322,16 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
     """float [L, W]: GPU load of the window's traffic rows routed by the simulator's default replica rule.
 
     homes: int [Rq] home GPU of every window request; requests: optional int [n] subset of request indices.
-    A row's micro-batch is (request index // decode_batch, its rank among its request's rows): the i-th traffic
-    row of every request of a window of ``decode_batch`` requests, as the simulator forms decode micro-batches.
+    Micro-batches are the simulator's decode windows (:func:`moeplace.simulate.batching.window_microbatches`, requests
+    in window order): the i-th traffic row of every request of a window of ``decode_batch`` requests.
     """
     tr = work.token_request
-    order = np.argsort(tr, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(tr, minlength=work.num_requests))[:-1]])
-    rank = np.empty(len(tr), np.int64)
-    rank[order] = np.arange(len(tr)) - starts[tr[order]]
     m = ~work.admission_rows if (~work.admission_rows).any() else np.ones(len(tr), bool)
     if requests is not None:
         m &= np.isin(tr, requests)
-    mb = ((tr[m].astype(np.int64) // decode_batch) << DECODE_WINDOW_SHIFT) | rank[m]
+    rows = tr[m]
+    mb = window_microbatches(rows, np.zeros(len(rows), bool), np.arange(work.num_requests),
+                             BatchConfig(decode_batch=decode_batch))
     return route_load(work.expert_ids[m], homes[tr[m]], mb, phy2log, cluster).astype(np.float64)
 
 
