@@ -132,3 +132,29 @@ def test_on_seed_sees_each_split_seeds_samples_with_bytes():
     first = seen[0][1]["decode"]
     want = first["eplb"].inter_node_bytes.sum() / first["linear"].inter_node_bytes.sum()
     assert r["strategies"]["eplb"]["inter_node_bytes_vs_linear"] == pytest.approx(want)
+
+
+def test_a_plan_is_scored_under_the_dispatch_rule_it_was_chosen_with():
+    """A plan whose cost model names a replica rule (joint chooses placement and rule together) is replayed under
+    that rule, not the deployment's; an explicit rule (the baseline candidates') still wins."""
+    import dataclasses
+
+    from moeplace.evaluate.measure import score_on, setup_of
+    from moeplace.evaluate.windows import split_windows
+    from moeplace.placement import CostModel
+    from moeplace.plan import make_plan
+
+    tr = read_trace(REF)
+    dep = phase_deployments(get_profile("vllm-gpt-oss-ep8"), prefill_tokens=1024, decode_running=64)["decode"]
+    st = setup_of(dep, full_only=True)
+    win = split_windows(tr, 0.5, "random", 0, 32, "mixed", 3)
+    plan = make_plan("eplb", win.plan_work, st.cluster, 8)
+    assert plan.dispatch_rule is None and st.rule != "balanced"
+    ruled = dataclasses.replace(plan, cost_model=CostModel(objective="layer_time", rule="balanced"))
+    assert ruled.dispatch_rule == "balanced"
+    t = {k: score_on(p, win, st, rule, ("decode",)).decode.layer_times()
+         for k, p, rule in (("deployment", plan, None), ("own", ruled, None), ("balanced", plan, "balanced"),
+                            ("explicit", ruled, "nearest-static"), ("static", plan, "nearest-static"))}
+    np.testing.assert_array_equal(t["own"], t["balanced"])
+    np.testing.assert_array_equal(t["explicit"], t["static"])
+    assert not np.array_equal(t["own"], t["deployment"])
