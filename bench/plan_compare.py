@@ -80,6 +80,7 @@ def bench_cluster(trace, cluster, redundant: int, names: list[str], seeds: list[
             "node_local_rate": {n: dec[n]["node_local_rate"]["total"] for n in names},
             "planning_balancedness": {n: planning_balance(plans["decode"][n], win) for n in names},
             "plan_seconds": {n: plans["decode"][n].plan_seconds for n in names},
+            "scored_tokens": dec["linear"]["num_tokens"],
             "fallback": {n: None if plans["decode"][n].fallback is None else plans["decode"][n].fallback.to_json()
                          for n in names}})
 
@@ -90,6 +91,7 @@ def bench_cluster(trace, cluster, redundant: int, names: list[str], seeds: list[
     out: dict = {"cluster": res["cluster"], "num_redundant": res["num_redundant"],
                  "planning_requests": res["planning_requests"], "held_out_requests": res["held_out_requests"],
                  "scored_tokens": res["scored_tokens"], "split_seeds": res["split_seeds"],
+                 "scored_tokens_per_seed": [p["scored_tokens"] for p in per_seed],
                  "microbatches_per_seed": res["microbatch_counts"]["decode"]["microbatches"],
                  "baseline": base, "baseline_layer_time_s": res["baseline_candidates"]["decode"][base],
                  "baseline_candidates": res["baseline_candidates"]["decode"], "strategies": {}}
@@ -164,7 +166,8 @@ def main() -> int:
               "told apart); balancedness, node-local rate and planning seconds are medians over the splits (range: "
               "min-max).", "",
               f"## {spec} (R={args.redundant}): planned on {r['planning_requests']} requests, scored on "
-              f"{r['held_out_requests']} held-out requests ({r['scored_tokens']} decode tokens) per split; "
+              f"{r['held_out_requests']} held-out requests per split ({min(r['scored_tokens_per_seed'])}-"
+              f"{max(r['scored_tokens_per_seed'])} decode tokens); "
               f"baseline for time: {r['baseline']} ({r['baseline_layer_time_s'] * 1e6:.1f} us)", "",
               "```", table(r), "```", ""]
         print(table(r), f"\n({r['wall_seconds']:.0f} s)", flush=True)
