@@ -233,8 +233,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             lm, D = list(layers.moe_layer_map), D if D is not None else layers.num_decoder_layers
     try:
         export_plan(plan, args.format, args.out, moe_layer_map=lm, num_decoder_layers=D)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    except ValueError as e:  # what the plan (or the trace, or a flag) says that cannot be exported: name the plan
+        raise CliError(f"{args.plan}: {e}") from None
     print(f"wrote {args.format} mapping of {args.plan} -> {args.out}")
     return 0
 

@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-from moeplace.cli import float_in, int_in, output_dir
+from moeplace.cli import CliError, float_in, int_in, output_dir
 from moeplace.deploy import MODEL_PRESETS
 from moeplace.simulate.synth_config import SynthConfig
 
 
+def share_list(text: str) -> tuple[float, ...]:
+    """Comma-separated finite shares >= 0 with a positive sum, e.g. ``0.5,0.3,0.2``."""
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0.5,0.3,0.2") from None
+    if not all(math.isfinite(x) and x >= 0 for x in out) or not 0 < sum(out) < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected finite shares >= 0 with a positive sum")
+    return out
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from moeplace.simulate.synth import synthesize
+    from moeplace.simulate.synth_config import synth_budget_problem
 
-    mix = tuple(float(x) for x in args.domain_mix.split(",")) if args.domain_mix else None
+    mix = args.domain_mix
+    if mix is not None and len(mix) != args.domains:
+        raise CliError(f"--domain-mix: {len(mix)} shares for {args.domains} domains (--domains)")
     cfg = SynthConfig(num_requests=args.requests, prompt_len=args.prompt_len, gen_len=args.gen_len,
                       length_jitter=args.length_jitter, load_skew=args.load_skew, num_domains=args.domains,
                       domain_mix=mix, domain_strength=args.domain_strength, request_spread=args.request_spread,
                       prefill_decode_corr=args.prefill_decode_corr, temporal_overlap=args.temporal_overlap,
                       layer_affinity=args.layer_affinity, foe_groups=args.foe_groups, seed=args.seed)
+    preset = MODEL_PRESETS[args.preset]
+    problem = synth_budget_problem(cfg, preset.num_layers, preset.num_experts, preset.top_k, args.out)
+    if problem:  # before calibration: an impossible size is one line, not an out-of-memory crash hours later
+        raise CliError(problem)
     path = synthesize(args.out, args.preset, cfg, overwrite=args.overwrite, progress=not args.quiet)
     print(f"wrote SYNTHETIC workload {path} (preset {args.preset}, {args.requests} requests, seed {args.seed}); "
           "metadata says synthetic=True")
@@ -49,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-layer max/mean expert load (default: %(default)s)")
     p.add_argument("--domains", type=int_in(1, 1024), default=d.num_domains,
                    help="number of domains (default: %(default)s)")
-    p.add_argument("--domain-mix", help="comma-separated request shares per domain (default: equal)")
+    p.add_argument("--domain-mix", type=share_list,
+                   help="comma-separated request shares per domain, one per --domains (default: equal)")
     p.add_argument("--domain-strength", type=float_in(0, 1), default=d.domain_strength,
                    help="share of a request's preference shared with its domain, 0..1 (default: %(default)s)")
     p.add_argument("--request-spread", type=float_in(0, 1e3), default=d.request_spread,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.budget import check_memory
 from moeplace.io import atomic_write_json
 from moeplace.placement.grouper import Grouper
 
@@ -26,11 +27,14 @@ MAX_NODES = 1 << 12  # N: bounds every [W]-sized allocation made from a cluster 
 MAX_WORLD = 1 << 16  # W = N * G
 MAX_PLACEMENT_CELLS = 1 << 26  # L * P of one placement (512 MiB of int64)
 MAX_DERIVED_CELLS = 1 << 27  # L * E * max(W, M): the log2phy and expert-GPU tables derived from a placement
+PLACEMENT_BYTES_PER_CELL = 64  # peak bytes per L * max(P, E * W) cell of a placement, its tables and the simulator's
 
 
 def check_slot_count(num_experts: int, num_redundant: int, num_gpus: int, num_layers: int = 1) -> None:
-    """ValueError unless E + R slots fit on W GPUs with each GPU holding an expert at most once (S = P / W <= E)
-    and the [L, P] table stays under :data:`MAX_PLACEMENT_CELLS`. Checked before anything is allocated."""
+    """ValueError unless E + R slots fit on W GPUs with each GPU holding an expert at most once (S = P / W <= E),
+    the [L, P] table stays under :data:`MAX_PLACEMENT_CELLS`, the [L, E, W] tables under :data:`MAX_DERIVED_CELLS`
+    and all of them (:data:`PLACEMENT_BYTES_PER_CELL`) within the memory budget. Checked before anything is
+    allocated."""
     E, R, W = int(num_experts), int(num_redundant), int(num_gpus)
     if R < 0:
         raise ValueError(f"num_redundant must be >= 0, got {R}")
@@ -42,6 +46,12 @@ def check_slot_count(num_experts: int, num_redundant: int, num_gpus: int, num_la
     if num_layers * (E + R) > MAX_PLACEMENT_CELLS:
         raise ValueError(f"num_redundant={R}: {num_layers} layers x {E + R} slots is more than "
                          f"{MAX_PLACEMENT_CELLS} cells")
+    L = int(num_layers)
+    if L * E * W > MAX_DERIVED_CELLS:  # the expert x GPU tables derived from it (checked again on the placement)
+        raise ValueError(f"placement: {L} layers x {E} experts x {W} GPUs is more than {MAX_DERIVED_CELLS} cells (its "
+                         "derived tables would not fit)")
+    check_memory(PLACEMENT_BYTES_PER_CELL * L * max(E + R, E * W), f"the placement tables of {L} layers x {E} "
+                 f"experts on {W} GPUs", "placement")
 
 
 def replica_counts(phy2log: np.ndarray, num_experts: int) -> np.ndarray:

@@ -94,7 +94,7 @@ class _Ctx:
 
 def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost: CostConfig | None,
               batching: BatchConfig | None, rule: str, num_redundant: int,
-              replica_costs: ReplicaCosts | None = None) -> _Ctx:
+              replica_costs: ReplicaCosts | None = None, where: object = "trace") -> _Ctx:
     check_rule(rule)
     if meta.kind != "tokens":
         raise ValueError("simulate needs a per-token trace, but this trace is counts-only (kind='counts')")
@@ -103,7 +103,10 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
     if plan is None:
         if cluster is None:
             raise ValueError("simulate: give a plan or a cluster (for the default linear placement)")
-        placement = Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant)
+        try:  # sizes from the trace: say so
+            placement = Placement.linear(meta.num_layers, meta.num_experts, cluster.world_size, num_redundant)
+        except ValueError as e:
+            raise ValueError(f"{where}: L={meta.num_layers}, E={meta.num_experts} on {cluster.spec()}: {e}") from None
         plan = Plan(placement, cluster, strategy="linear" if not num_redundant else f"linear+{num_redundant}")
     elif cluster is not None and cluster.spec() != plan.cluster.spec():
         raise ValueError(f"simulate: cluster {cluster.spec()} differs from the plan's cluster {plan.cluster.spec()}")
@@ -350,7 +353,8 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
     byte-identical to the single-process stream (:func:`simulate_parts`).
     """
     meta, requests, source = _open_source(trace)
-    ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant, replica_costs)
+    ctx = _make_ctx(meta, plan, cluster, cost, batching, rule, num_redundant, replica_costs,
+                    source if not isinstance(source, Trace) else "trace")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     lay = build_layout(source, requests, ctx.plan.home_of(requests.request_id), ctx.batching)

@@ -3,7 +3,13 @@ shows their defaults in its help."""
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
+
+from moeplace.budget import over_budget
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,42 @@ class SynthConfig:
             raise ValueError(f"synth: prefill_decode_corr must be in [-1, 1], got {self.prefill_decode_corr}")
         if self.num_domains < 1:
             raise ValueError(f"synth: num_domains must be >= 1, got {self.num_domains}")
-        if self.domain_mix is not None and (len(self.domain_mix) != self.num_domains or min(self.domain_mix) < 0
-                                            or sum(self.domain_mix) <= 0):
-            raise ValueError(f"synth: domain_mix must hold {self.num_domains} non-negative shares, got "
-                             f"{self.domain_mix}")
+        if self.domain_mix is not None and (len(self.domain_mix) != self.num_domains
+                                            or not all(math.isfinite(x) and x >= 0 for x in self.domain_mix)
+                                            or not 0 < sum(self.domain_mix) < math.inf):
+            raise ValueError(f"synth: domain_mix must hold {self.num_domains} finite non-negative shares with a "
+                             f"positive sum, got {self.domain_mix}")
+
+
+SYNTH_BATCH_REQUESTS = 64  # requests generated at once (moeplace.simulate.synth.generate_batches' default)
+PILOT_REQUESTS_MAX = 256  # calibration measures skew on at most this many requests (4 layers at once)
+STORED_FRACTION = 0.2  # compressed shard bytes per raw routing byte, at least (measured: 0.3 on presets)
+
+
+def synth_budget_problem(cfg: SynthConfig, num_layers: int, num_experts: int, top_k: int,
+                         dest: str | os.PathLike | None = None, budget: int | None = None) -> str | None:
+    """Why ``cfg`` cannot be generated for a model of ``num_layers`` x ``num_experts`` (top-``top_k``), or None:
+    one batch of :data:`SYNTH_BATCH_REQUESTS` requests of the longest length (routing [R, T, L, K] and the
+    per-layer [R, T, K] work arrays) or the calibration pilot over the memory budget (:mod:`moeplace.budget`), or
+    the trace (at least :data:`STORED_FRACTION` of its raw routing bytes) larger than the free space at ``dest``.
+    The message names the options (``--requests``, ``--prompt-len``, ``--gen-len``)."""
+    L, E, K = num_layers, num_experts, top_k
+    longest = math.ceil((cfg.prompt_len + cfg.gen_len) * (1 + cfg.length_jitter)) + 1
+    where = f"synth --prompt-len {cfg.prompt_len} --gen-len {cfg.gen_len}"
+    batch = min(SYNTH_BATCH_REQUESTS, cfg.num_requests)
+    need = batch * longest * (L * K * 4 + K * 64) + batch * E * 64
+    problem = over_budget(need, f"a batch of {batch} requests of up to {longest} tokens", where, budget)
+    pilot = min(PILOT_REQUESTS_MAX, max(cfg.num_requests, 40)) if cfg.calibrate else 0
+    problem = problem or over_budget(pilot * longest * (4 * K * 4 + K * 64), f"calibrating on {pilot} requests of "
+                                     f"up to {longest} tokens", where, budget)
+    if problem or dest is None:
+        return problem
+    tokens = cfg.num_requests * (cfg.prompt_len + cfg.gen_len)
+    stored = tokens * L * K * 2 * STORED_FRACTION
+    anc = next((a for a in [Path(dest), *Path(dest).parents] if a.exists()), None)
+    free = shutil.disk_usage(anc).free if anc is not None else None
+    if free is not None and stored > free:
+        return (f"synth --requests {cfg.num_requests} --prompt-len {cfg.prompt_len} --gen-len {cfg.gen_len}: about "
+                f"{tokens:,} tokens, at least {stored / 1e9:.1f} GB on disk, more than the {free / 1e9:.1f} GB free "
+                f"at {anc}")
+    return None

@@ -33,6 +33,9 @@ def resolve_layers(num_moe_layers: int, moe_layer_map: list[int] | None = None,
         if D is None and recorded is not None and list(recorded.moe_layer_map) == lm:
             D = recorded.num_decoder_layers
         D = max(lm) + 1 if D is None else int(D)
+        if D > MAX_DECODER_LAYERS:
+            raise ValueError(f"{where} records model_layers.num_decoder_layers={D}, beyond the "
+                             f"{MAX_DECODER_LAYERS} decoder layers an export writes")
         if lm and max(lm) >= MAX_DECODER_LAYERS:
             raise ValueError(f"moe_layer_map: layer id {max(lm)} is beyond {MAX_DECODER_LAYERS} decoder layers")
         return ModelLayers(tuple(lm), D)
@@ -40,6 +43,9 @@ def resolve_layers(num_moe_layers: int, moe_layer_map: list[int] | None = None,
         if num_decoder_layers is not None and int(num_decoder_layers) != recorded.num_decoder_layers:
             raise ValueError(f"num_decoder_layers={num_decoder_layers} but {where} records "
                              f"{recorded.num_decoder_layers} decoder layers")
+        if recorded.num_decoder_layers > MAX_DECODER_LAYERS:  # a file's count is bounded as the flag is
+            raise ValueError(f"{where} records model_layers.num_decoder_layers={recorded.num_decoder_layers}, "
+                             f"beyond the {MAX_DECODER_LAYERS} decoder layers an export writes")
         return recorded
     if num_decoder_layers is not None and int(num_decoder_layers) == L:
         return ModelLayers(tuple(range(L)), L)
