@@ -245,8 +245,14 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         arrival = np.random.default_rng([seed, 7, f]).permutation(len(test))
         mb, sizes = evidence_microbatches(tr, pre & ("prefill" in weigh), dec & ("decode" in weigh), arrival,
                                           prefill_tokens, decode_running or decode_batch)
+        # homes of the test requests as serving gives them to a new set of requests (the held-out window's rule):
+        # round-robin in arrival order, or the grouper's balanced rounds in arrival order
+        test_rr = np.empty(len(test), np.int64)
+        test_rr[arrival] = np.arange(len(test)) % W
+        test_grouped = np.empty(len(test), np.int64)
+        test_grouped[arrival] = g_f.assign_features(signal_features(work, test[arrival], flayers))
         for name, (p2l, homes) in cands.items():
-            h = homes[test][tr]
+            h = (test_rr if homes is rr else test_grouped)[tr]
             for r in (base_rules if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
@@ -266,7 +272,9 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         extra["decision"] = {"chosen": "eplb/" + rule, "deployed": "baseline", "reason": reason}
         return StrategyResult(rebalance(work.load, P, 1, N, W), rr, None, extra, fallback=Fallback("eplb", reason),
                               cost_model=cost_model(rule))
-    decision = decide(times, baselines, seed=seed)
+    # the default baseline: hierarchical EPLB where the groups allow, under the balanced dispatch (SGLang's lp)
+    dflt_rule = "balanced" if "balanced" in base_rules else base_rules[0]
+    decision = decide(times, baselines, seed=seed, default=f"{variants[-1][0]}/{dflt_rule}")
     decision["microbatch_rows"] = sizes
     decision["folds"] = F
     extra["decision"] = decision
