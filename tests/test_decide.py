@@ -83,3 +83,16 @@ def test_no_baseline_or_no_microbatch_is_refused():
         decide({"decode": {"a": [np.ones(3)]}}, ["eplb"])
     with pytest.raises(ValueError, match="no phase"):
         decide({"decode": {"eplb": [np.zeros(0)]}}, ["eplb"])
+
+
+def test_the_default_baseline_is_kept_unless_another_is_faster_beyond_the_noise():
+    rng = np.random.default_rng(2)
+    base = [10 + rng.standard_normal(12) for _ in range(2)]
+    tied = [b * (1.0 + 0.05 * rng.standard_normal(12)) for b in base]  # not told apart from the default
+    times = {"decode": {"eplb/static": tied, "eplb/balanced": base}}
+    d = decide(times, ["eplb/static", "eplb/balanced"], default="eplb/balanced")
+    assert d["deployed"] == "baseline" and d["chosen"] == "eplb/balanced"
+    faster = [b * 0.95 for b in base]  # 5% faster in every micro-batch: beyond the noise
+    d = decide({"decode": {"eplb/static": faster, "eplb/balanced": base}}, ["eplb/static", "eplb/balanced"],
+               default="eplb/balanced")
+    assert d["chosen"] == "eplb/static"
