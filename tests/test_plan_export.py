@@ -148,8 +148,9 @@ def test_cli_plan_records_the_trace_layout_and_export_needs_no_trace(tmp_path, c
 
 
 def test_exporters_registry_declares_parameters_and_refuses_others(placement, tmp_path):
-    assert set(EXPORTERS) == {"sglang", "vllm"}
+    assert set(EXPORTERS) == {"sglang", "vllm", "grouper"}
     assert {p.name for p in EXPORTERS["sglang"].params} == {"moe_layer_map", "num_decoder_layers"}
+    assert not EXPORTERS["grouper"].in_all  # only grouped plans have one: export_all leaves it out
     assert EXPORTERS["vllm"].params == ()
     assert all(callable(e.build) for e in EXPORTERS.values())  # each "module:function" resolves
     plan = Plan(placement, Cluster(2, 2), strategy="eplb", model_layers=ModelLayers((0, 1, 2, 3), 4))

@@ -274,6 +274,31 @@ class VLLMMappingJSON(_Model):
     logical_replica_count: list[list[Count]] | None = None
 
 
+class GrouperExportJSON(_Model):
+    """``moeplace export --format grouper`` (:meth:`moeplace.plan.route.Router.to_export`): the grouper of a plan
+    with what routing by it needs; the text fields say what the numbers mean and are not read back."""
+
+    format: Literal["moeplace-grouper"]
+    version: Literal[1]
+    strategy: Text
+    planned_on: Text
+    kind: Text
+    num_nodes: PosCount
+    gpus_per_node: PosCount
+    world_size: PosCount
+    round_size: PosCount
+    num_experts: PosCount
+    num_moe_layers: PosCount
+    layers: list[Id] | None  # MoE layers of the feature (None: all)
+    moe_layer_map: list[Id] | None  # the model layer of each MoE layer (None: not known)
+    num_decoder_layers: PosCount | None
+    feature_size: PosCount
+    feature: Text
+    admission: Text
+    numbering: dict[str, Text]
+    weights: list[list[Finite]]
+
+
 # ------------------------------------------------------------------------------------------------- validation
 
 

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "moeplace.cli.analyze_cmd",
     "moeplace.cli.profiles_cmd",
     "moeplace.cli.plan_cmd",
+    "moeplace.cli.route_cmd",
     "moeplace.cli.run_cmd",
     "moeplace.cli.operate_cmd",
 )

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplace.placement import Grouper, Plan
-from moeplace.plan.base import Workload, request_expert_counts, workload_from_tokens
+from moeplace.plan.base import Workload, workload_from_tokens
 from moeplace.plan.registry import DEFAULT_PREFIX_TOKENS  # noqa: F401  (re-exported; one definition)
+from moeplace.plan.route import Router, signal_rows, trace_homes
 from moeplace.trace.types import DECODE, PREFILL, Requests, Trace
 
 ARRIVALS = ("table", "mixed")
@@ -42,12 +43,6 @@ def subset_trace(trace: Trace, request_ids: np.ndarray) -> Trace:
     r = Requests(req.request_id[keep], req.domain[keep], req.source[keep], req.prompt_len[keep], req.gen_len[keep])
     tok = trace.tokens.select(np.isin(trace.tokens.request_id, request_ids))
     return Trace(trace.meta, r, tok, None)
-
-
-def signal_rows(request_id: np.ndarray, phase: np.ndarray, prefix_tokens: int) -> np.ndarray:
-    """bool [T]: prefill rows, or a request's first ``prefix_tokens`` rows when it has no prefill."""
-    w = workload_from_tokens(request_id, phase, np.zeros((len(request_id), 1, 1), np.int16), 1, prefix_tokens)
-    return w.admission_rows
 
 
 def reorder_requests(trace: Trace, order: np.ndarray) -> Trace:
@@ -111,17 +106,9 @@ def plan_grouper(plan: Plan) -> Grouper | None:
 
 
 def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:
-    """Homes of the held-out requests: the plan's grouper on their signal rows (table order), else {} (round-robin)."""
-    grouper = plan_grouper(plan)
-    if grouper is None:
+    """Homes of the held-out requests: the plan's grouper on their signal rows in table (arrival) order through
+    the deployable route (:func:`moeplace.plan.route.trace_homes`, what ``moeplace route serve`` answers for
+    ``POST /route_batch``), else {} (round-robin)."""
+    if plan_grouper(plan) is None:
         return {}
-    rid = held.requests.request_id
-    tk = held.tokens
-    pos = np.searchsorted(rid, tk.request_id[signal], sorter=np.argsort(rid))
-    order = np.argsort(rid)
-    idx = order[pos]
-    counts = request_expert_counts(idx, tk.expert_ids[signal], len(rid), held.meta.num_experts)
-    homes = grouper.assign(counts)
-    return {int(r): int(h) for r, h in zip(rid.tolist(), homes.tolist(), strict=True)}
-
-
+    return trace_homes(Router.from_plan(plan), held, signal)

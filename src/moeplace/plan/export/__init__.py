@@ -2,6 +2,7 @@
 
 - :mod:`.sglang`: SGLang's ``--init-expert-location`` JSON, ``[decoder layers][P]`` (dense layers trivial);
 - :mod:`.vllm`: vLLM's EPLB mapping over MoE layers, and :func:`.vllm.apply_to_vllm` to install it;
+- :mod:`.grouper`: the plan's grouper for a request router (``moeplace route serve``; plans with a grouper only);
 - :mod:`.base`: the model's layer layout (:func:`.base.resolve_layers`, :func:`.base.layers_of_trace`).
 
 Each :class:`Exporter` declares its parameters (:class:`moeplace.params.Param`); :func:`export_plan` refuses one
@@ -31,6 +32,7 @@ __getattr__, __dir__, _LAZY = lazy_exports(__name__, {
     "base": ("layers_of_trace", "resolve_layers"),
     "sglang": ("from_sglang", "to_sglang"),
     "vllm": ("apply_to_vllm", "from_vllm", "to_vllm"),
+    "grouper": ("export_grouper", "from_grouper"),
 })
 
 
@@ -43,6 +45,7 @@ class Exporter:
     builder: str  # "module:function" of build(plan, **params) -> dict, loaded on first use
     file_name: str  # what the operate loop and the demo call the file (the demo prefixes the strategy)
     params: tuple[Param, ...] = ()
+    in_all: bool = True  # written by export_all (False: only asked for, e.g. what only some plans have)
 
     @property
     def build(self) -> Callable[..., dict]:
@@ -61,6 +64,15 @@ _ALL = (
     Exporter("vllm", "vLLM EPLB state: physical_to_logical_map [MoE layers][P] and its shape facts",
              f"{__name__}.vllm:export_vllm",
              "vllm.json"),
+    Exporter("grouper", "the plan's grouper for a request router (moeplace route serve): scorer rows, layers, "
+             "deployment shape, round size; plans with a grouper only",
+             f"{__name__}.grouper:export_grouper",
+             "grouper.json",
+             (Param("moe_layer_map", list, None, "the model layer of each MoE layer (from a trace; default: the "
+                    "layout the plan records, else none)"),
+              Param("num_decoder_layers", int, None, "decoder layers of the model, dense ones included", 1,
+                    MAX_DECODER_LAYERS)),
+             in_all=False),
 )
 EXPORTERS: dict[str, Exporter] = {e.name: e for e in _ALL}
 
@@ -96,16 +108,17 @@ def export_plan(plan: Plan, fmt: str, out: str | Path, **params: object) -> Path
 
 def export_file_names(prefix: str = "") -> tuple[str, ...]:
     """The file names :func:`export_all` writes with ``prefix``."""
-    return tuple(f"{prefix}{ex.file_name}" for ex in _ALL)
+    return tuple(f"{prefix}{ex.file_name}" for ex in _ALL if ex.in_all)
 
 
 def export_all(plan: Plan, folder: str | Path, prefix: str = "", known: Mapping[str, object] | None = None
                ) -> list[Path]:
-    """Write ``plan`` in every registered format into ``folder`` as ``prefix + file_name``. ``known``: facts
-    about the model (e.g. a trace's ``moe_layer_map``); each format gets those it declares and no others."""
+    """Write ``plan`` in every registered format with ``in_all`` into ``folder`` as ``prefix + file_name``.
+    ``known``: facts about the model (e.g. a trace's ``moe_layer_map``); each format gets those it declares and no
+    others."""
     known = dict(known or {})
     out = []
-    for ex in _ALL:
+    for ex in (e for e in _ALL if e.in_all):
         names = {p.name for p in ex.params}
         out.append(export_plan(plan, ex.name, Path(folder) / f"{prefix}{ex.file_name}",
                                **{k: v for k, v in known.items() if k in names}))

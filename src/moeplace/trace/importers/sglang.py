@@ -64,6 +64,21 @@ def _np(t, where: str) -> np.ndarray:
         raise TraceError(f"{where}: not an array ({e})") from None
 
 
+def logical_ids(ids: np.ndarray, p2l: np.ndarray, layers: np.ndarray, top_k: int) -> np.ndarray:
+    """int [T, L, K]: logical expert ids of a record's physical slot ids.
+
+    ids: int [Lm, T, K8] (``topk_ids_of_layer``); p2l: int [Lm, P] (``last_physical_to_logical_map``); layers:
+    int [L] the routed model layers kept; the first ``top_k`` columns are used. TraceError when one of them is -1
+    (an incomplete top-k) or beyond P. Used by the importer and by :func:`moeplace.plan.route.counts_from_sglang`."""
+    phys = ids[layers][:, :, :top_k]  # [L, T, K]
+    if (phys < 0).any():
+        raise TraceError(f"a routed layer has -1 in its first {top_k} columns (incomplete top-k)")
+    if phys.size and phys.max() >= p2l.shape[1]:
+        raise TraceError(f"physical expert id {int(phys.max())} out of range [0, {p2l.shape[1]})")
+    logical = np.take_along_axis(p2l[layers], phys.reshape(len(layers), -1), axis=1)
+    return logical.reshape(phys.shape).transpose(1, 0, 2)
+
+
 def import_sglang_per_token(
     src: str | os.PathLike,
     out: str | os.PathLike,
@@ -138,17 +153,15 @@ def import_sglang_per_token(
              "physical_to_logical": "last_physical_to_logical_map (placement at dump time)"}
     meta = engine_meta(model, len(layers), E, K, layers.tolist(), hidden_size, num_shared_experts,
                         f"sglang-per-token:{path}", extra)
-    layer_idx = layers[:, None]  # [L, 1] for gathering p2l rows
     out_p = prepare_out(out, path)
     next_rid = 0
     with open_writer(out_p, meta, overwrite, [path]) as w:
         for j, rec, ids in kept:
             where = f"{path}: record {j}"
-            phys = ids[layers][:, :, :K]  # [L, T, K]
-            if (phys < 0).any():
-                raise TraceError(f"{where}: a routed layer has -1 in its first {K} columns (incomplete top-k)")
-            logical = np.take_along_axis(p2l[layer_idx.ravel()], phys.reshape(len(layers), -1), axis=1)
-            logical = logical.reshape(phys.shape).transpose(1, 0, 2)  # [T, L, K]
+            try:
+                logical = logical_ids(ids, p2l, layers, K)  # [T, L, K]
+            except TraceError as e:
+                raise TraceError(f"{where}: {e}") from None
             T = logical.shape[0]
             pos = as_int_array(_np(rec.get("positions", np.arange(T)), f"{where} positions"),
                                 f"{where} positions").ravel()

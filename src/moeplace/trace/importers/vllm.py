@@ -45,8 +45,9 @@ class _VllmRequest:
     unknown: np.ndarray  # bool [N]: rows without routing (0.21 prefix-cached rows, zero- or -1-filled)
 
 
-def _as_routing(a, where: str) -> np.ndarray:
-    """int64 [N, Lm, K] from a nested list, an array, or the OpenAI server's base64 ``.npy`` string."""
+def routing_array(a, where: str) -> np.ndarray:
+    """int64 [N, Lm, K] from a nested list, an array, or the OpenAI server's base64 ``.npy`` string (TraceError
+    naming ``where`` otherwise). Used by the importer and by ``moeplace route serve`` (:mod:`moeplace.plan.route`)."""
     if a is None:
         return np.zeros((0, 0, 0), np.int64)
     if isinstance(a, str):
@@ -103,8 +104,8 @@ def _vllm_request(d: dict, where: str) -> _VllmRequest:
     P = _opt_len(d, "prompt_token_ids", "prompt_len", where)
     G = _opt_len(d, "output_token_ids", "gen_len", where)
     if "prompt_routed_experts" in d:  # vLLM 0.21: prompt rows and generated rows apart
-        pr = _as_routing(d.get("prompt_routed_experts"), f"{where} prompt_routed_experts")
-        dc = _as_routing(d.get("routed_experts"), f"{where} routed_experts")
+        pr = routing_array(d.get("prompt_routed_experts"), f"{where} prompt_routed_experts")
+        dc = routing_array(d.get("routed_experts"), f"{where} routed_experts")
         if pr.size and dc.size and pr.shape[1:] != dc.shape[1:]:
             raise TraceError(f"{where}: prompt_routed_experts has [layers, k] = {list(pr.shape[1:])} but "
                              f"routed_experts {list(dc.shape[1:])}")
@@ -131,7 +132,7 @@ def _vllm_request(d: dict, where: str) -> _VllmRequest:
     if "routed_experts" not in d:
         raise TraceError(f"{where}: needs routed_experts (vLLM >= 0.32) or prompt_routed_experts (vLLM 0.21) "
                          f"(found keys: {', '.join(sorted(d)) or 'none'})")
-    rows = _as_routing(d["routed_experts"], f"{where} routed_experts")
+    rows = routing_array(d["routed_experts"], f"{where} routed_experts")
     N = len(rows)
     if P is None:
         raise TraceError(f"{where}: routed_experts holds prompt and generated tokens together (vLLM >= 0.32); "
