@@ -139,6 +139,24 @@ def _later_duplicates(ids: np.ndarray) -> np.ndarray:  # pragma: no cover - comp
 
 
 @njit(cache=True, nogil=True)
+def _forward_fill(switch: np.ndarray, val: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """int64 [R, T, K]: at a switch (bool [R, T, K], every slot switching at t = 0) the next value of ``val`` (in
+    ``np.nonzero(switch)`` order), elsewhere the slot's value at t - 1."""
+    R, T, K = switch.shape
+    out = np.empty((R, T, K), np.int64)
+    c = 0
+    for r in range(R):
+        for t in range(T):
+            for k in range(K):
+                if switch[r, t, k]:
+                    out[r, t, k] = val[c]
+                    c += 1
+                else:
+                    out[r, t, k] = out[r, t - 1, k]
+    return out
+
+
+@njit(cache=True, nogil=True)
 def _search_rows(flat: np.ndarray, v: np.ndarray, row: np.ndarray, width: int) -> np.ndarray:  # pragma: no cover
     """int64 [n]: ``searchsorted(flat, v, side="right") - row * width`` searched inside row ``row`` only (rows of
     ``width`` sorted values, each at least its row index and at most one more, as the draw builds them; a value past
@@ -196,10 +214,7 @@ def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator
         if prev is not None and cfg.layer_affinity > 0:
             follow = rng.random(len(rr)) < cfg.layer_affinity
             val[follow] = m.partner[layer][prev[rr[follow], tt[follow], kk[follow]]]
-        full = np.zeros((R, T, K), np.int64)
-        full[rr, tt, kk] = val
-        last = np.maximum.accumulate(np.where(switch, t[None, :, None], 0), axis=1)
-        ids = np.take_along_axis(full, last, 1)  # forward fill: each slot keeps its expert until it switches
+        ids = _forward_fill(switch, val)  # each slot keeps its expert until it switches
         cr = ct = None  # tokens that had duplicates: only they can have them after a redraw
         for attempt in range(9):  # a token's slots must hold distinct experts: redraw later duplicates
             if cr is None:
