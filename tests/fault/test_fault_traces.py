@@ -216,7 +216,8 @@ CASES = [
     Case("foe-groups-ids-ungrouped", lambda t: _meta(t, foe_groups=2), "error", S0, info="ok"),  # random ids
     Case("meta-layers-disagree", lambda t: _meta(t, num_layers=3), "error", S0),
     Case("meta-says-weights", lambda t: _meta(t, has_weights=True), "error", S0),
-    Case("meta-says-counts", lambda t: _meta(t, kind="counts"), "ok"),  # a counts trace with no shards: empty
+    Case("meta-says-counts", lambda t: _meta(t, kind="counts"), "error"),  # over token shards: they disagree
+    Case("complete-without-shards", lambda t: [f.unlink() for f in t.glob("part-*")], "error", "complete-without-shards.trace"),
     # Parquet files: truncation, flipped bytes, wrong kinds of file
     Case("shard-truncated-half", lambda t: _truncate(_shard(t), 0.5), "error", S0),
     Case("shard-truncated-tail", lambda t: _truncate(_shard(t), 0.98), "error", S0),
@@ -344,7 +345,7 @@ def test_fault_case(case: Case, bases, cli, tmp_path):
     info = cli.run(tmp_path, "trace", "info", str(t), "--json")
     got = _check(info, case, "trace info", case.info)
     _log(case, "trace info", got, info)
-    if got == "ok" and (case.info or case.expect) == "ok" and case.name != "meta-says-counts":
+    if got == "ok" and (case.info or case.expect) == "ok":
         d = json.loads(info.stdout)
         assert d["num_requests"] == expected["num_requests"]
         assert d["num_tokens"] == expected["num_tokens"]
@@ -355,7 +356,7 @@ def test_fault_case(case: Case, bases, cli, tmp_path):
     _log(case, "analyze", got, res)
     if got == "ok":
         a = json.loads(out.read_text())
-        if case.expect == "ok" and case.kind == "tokens" and case.name != "meta-says-counts":
+        if case.expect == "ok" and case.kind == "tokens":
             assert a["meta"]["num_tokens"]["total"] == N_REQ * (PROMPT + GEN)
     else:
         assert not out.exists()

@@ -131,13 +131,23 @@ def read_meta(path: str | os.PathLike, budget: int | None = None) -> TraceMeta:
 
 
 def shard_files(path: str | os.PathLike, meta: TraceMeta | None = None) -> list[Path]:
-    """Data files of the committed shards, in order."""
+    """Data files of the committed shards, in order. TraceError when there are none although ``meta.json`` says
+    the trace is complete (every complete trace has at least one shard: its files were removed), or when the
+    shards are of the other kind (``"kind": "counts"`` over token shards, or the reverse)."""
     p = _trace_dir(path)
     meta = meta or read_meta(p)
     try:
-        return sorted(p.glob(f"part-*{data_suffix(meta)}"))
+        files = sorted(p.glob(f"part-*{data_suffix(meta)}"))
+        other = ".counts.parquet" if meta.kind == "tokens" else ".tokens.parquet"
+        if not files and any(p.glob(f"part-*{other}")):
+            raise TraceError(f"{p / META_FILE}: says kind={meta.kind!r}, but the shards are part-*{other} files "
+                             "(metadata and data disagree)")
     except PermissionError:
         raise TraceError(f"{p}: permission denied (cannot list the trace folder)") from None
+    if not files and meta.complete:
+        raise TraceError(f"{p}: {META_FILE} says the trace is complete, but it has no part-*{data_suffix(meta)} "
+                         "shard (its files were removed)")
+    return files
 
 
 def _row_bytes(kind: str, meta: TraceMeta, columns: Sequence[str] | None = None) -> int:

@@ -302,6 +302,8 @@ class TraceWriter:
         if self._closed:
             return
         try:
+            if self._shard == 0 and not self._req and not self._data:  # a complete trace has at least one shard
+                self._req.append(requests_schema().empty_table())
             self.flush()
             self.meta.complete = True
             atomic_write_json(self.meta.to_json(), self.path / META_FILE, indent=2)
