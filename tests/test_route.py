@@ -112,6 +112,19 @@ def test_exported_route_is_the_evaluations_homes(setup):
     assert set(homes.values()) == set(range(4))
 
 
+def test_online_admission_of_the_evaluation_is_the_services(setup):
+    """held_out_homes(..., "online") == a fresh router's route() per request in arrival order, and leaves the
+    caller's router state alone; an unknown admission is refused."""
+    trace, win, plan, tmp = setup
+    homes = held_out_homes(plan, win.held, win.held_signal, "online")
+    r = Router.load(tmp / "grouper.json")
+    counts = reference_counts(win.held)
+    assert [homes[int(x)] for x in win.held.requests.request_id] == [r.route(c).rank for c in counts]
+    assert homes != held_out_homes(plan, win.held, win.held_signal)  # the two forms differ here
+    with pytest.raises(ValueError, match="admission must be one of"):
+        held_out_homes(plan, win.held, win.held_signal, "later")
+
+
 def test_route_on_a_layer_subset_is_the_evaluations_homes(setup):
     """A grouper over some MoE layers only (joint's for wide models): [L, E] and [L', E] inputs route alike."""
     trace, win, plan, tmp = setup

@@ -136,11 +136,12 @@ def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
 
 
 def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
-             phases: tuple[str, ...] = ("prefill", "decode")) -> SimResult:
+             phases: tuple[str, ...] = ("prefill", "decode"), admission: str = "batch") -> SimResult:
     """Replay the held-out window's scored rows of ``phases`` on ``plan`` under ``setup``; the replica rule is
     ``rule`` when given, else the plan's own (:attr:`Plan.dispatch_rule`, a plan chosen with its dispatch), else the
-    setup's. A phase left out has no micro-batches in the result."""
-    homes = held_out_homes(plan, windows.held, windows.held_signal)
+    setup's. A phase left out has no micro-batches in the result. ``admission``: how a grouped plan's router
+    admits the held-out requests (:func:`moeplace.evaluate.windows.held_out_homes`)."""
+    homes = held_out_homes(plan, windows.held, windows.held_signal, admission)
     ev = Plan(plan.placement, plan.cluster, homes, plan.strategy)
     tr = scoring_trace(windows.held, windows.held_signal)
     if set(phases) != set(PHASE_CODES):

@@ -105,10 +105,11 @@ def plan_grouper(plan: Plan) -> Grouper | None:
     return plan.grouper
 
 
-def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray) -> dict[int, int]:
+def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray, admission: str = "batch") -> dict[int, int]:
     """Homes of the held-out requests: the plan's grouper on their signal rows in table (arrival) order through
-    the deployable route (:func:`moeplace.plan.route.trace_homes`, what ``moeplace route serve`` answers for
-    ``POST /route_batch``), else {} (round-robin)."""
+    the deployable route (:func:`moeplace.plan.route.trace_homes`: ``batch``, what ``moeplace route serve``
+    answers for ``POST /route_batch``; ``online``, for ``POST /route`` one request at a time), else {}
+    (round-robin)."""
     if plan_grouper(plan) is None:
         return {}
-    return trace_homes(Router.from_plan(plan), held, signal)
+    return trace_homes(Router.from_plan(plan), held, signal, admission)

@@ -254,6 +254,11 @@ class Router:
                    None if ml is None else ml.moe_layer_map, None if ml is None else ml.num_decoder_layers,
                    plan.strategy, plan.planned_on)
 
+    def fresh(self) -> Router:
+        """The same router with a fresh online admission state (this one's is left as it is)."""
+        return Router(self.grouper, self.num_experts, self.num_moe_layers, self.moe_layer_map,
+                      self.num_decoder_layers, self.strategy, self.planned_on)
+
     @classmethod
     def from_export(cls, d: object, where: str = "grouper file") -> Router:
         """From the JSON :meth:`to_export` writes (``moeplace export --format grouper``), validated."""
@@ -375,13 +380,24 @@ class Router:
         return self.admitted % self.grouper.round_size
 
 
-def trace_homes(router: Router, trace: Trace, signal: np.ndarray) -> dict[int, int]:
+ADMISSIONS = ("batch", "online")  # Router.route_batch, or Router.route one request at a time from a fresh state
+
+
+def trace_homes(router: Router, trace: Trace, signal: np.ndarray, admission: str = "batch") -> dict[int, int]:
     """{request id: rank} for every request of ``trace`` in its table (arrival) order, routed by its ``signal``
-    rows with :meth:`Router.route_batch`: the homes the evaluation gives held-out requests."""
+    rows: with :meth:`Router.route_batch` (``batch``, the evaluation's default) or one by one through
+    :meth:`Router.route` of a fresh copy of ``router`` (``online``, what ``POST /route`` answers a new service)."""
+    if admission not in ADMISSIONS:
+        raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
     rid, tk = trace.requests.request_id, trace.tokens
     ids = tk.expert_ids[signal][:, list(router.feature_layers), :]  # only the feature layers are counted
-    homes = router.route_batch(signal_counts(rid, tk.request_id[signal], ids, trace.meta.num_experts))
-    return {int(r): int(h) for r, h in zip(rid.tolist(), homes.tolist(), strict=True)}
+    counts = signal_counts(rid, tk.request_id[signal], ids, trace.meta.num_experts)
+    if admission == "batch":
+        homes = router.route_batch(counts).tolist()
+    else:
+        fresh = router.fresh()
+        homes = [fresh.route(c).rank for c in counts]
+    return {int(r): int(h) for r, h in zip(rid.tolist(), homes, strict=True)}
 
 
 # ------------------------------------------------------------------------------------------ HTTP service
