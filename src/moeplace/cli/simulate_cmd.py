@@ -36,6 +36,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError("give --plan PLAN.json or --cluster NxG (default linear placement)")
     if plan is not None and args.redundant:
         raise ValueError("--redundant applies to the default linear placement only, not to --plan")
+    if plan is not None and plan.homes:  # homes are for the requests of the trace the plan was made on
+        from moeplace.trace.reader import read_requests
+
+        have = set(read_requests(args.trace).request_id.tolist())
+        unknown = sorted(r for r in plan.homes if r not in have)
+        if unknown:
+            raise ValueError(f"{args.plan}: homes name {len(unknown)} request(s) that {args.trace} does not hold "
+                             f"(e.g. request {unknown[0]}): a plan's homes are for the requests of the trace it was "
+                             "made on; plan this trace, or give a plan without homes")
     if plan is not None and plan.foe_groups > 1:
         raise ValueError(f"{args.plan} is an FoE plan (foe_groups={plan.foe_groups}); simulate replays plain MoE "
                          "execution. run-ep reports an FoE run next to the simulator's FoE replay of the same "

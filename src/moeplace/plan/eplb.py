@@ -276,6 +276,9 @@ def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: 
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    if work.num_experts % num_groups:  # expert groups are equal blocks: a count that does not divide E is a mistake
+        raise ValueError(f"num_groups={num_groups} (--groups) does not divide the {work.num_experts} experts (expert "
+                         "groups are equal contiguous blocks, e.g. DeepSeek-V3's 8 groups of 32)")
     phy2log = rebalance(work.load, P, num_groups, cluster.num_nodes, cluster.world_size)
     policy = "hierarchical" if num_groups % cluster.num_nodes == 0 and work.num_experts % num_groups == 0 \
         else "global"

@@ -16,8 +16,10 @@ import warnings
 import numpy as np
 
 from moeplace import schema
+from moeplace.trace.types import MAX_EXPERTS, MAX_LAYERS
 
 MAX_LOAD_CELLS = 1 << 26  # B * L * E of a load file (512 MiB as float64)
+MAX_LAYER_LOAD = float(1 << 53)  # a layer's total load: integers are exact up to here, and its sums stay finite
 MAX_PT_BYTES = 1 << 30  # largest .pt dump read
 
 
@@ -42,11 +44,24 @@ def read_load(path: str | os.PathLike) -> np.ndarray:
             raise schema.SchemaError(f"{p}: load rows have different lengths (expected a rectangular [L][E] or "
                                      "[B][L][E] array)") from None
     if arr.ndim == 3:
-        arr = arr.sum(axis=0)
+        if not np.isfinite(arr).all():
+            raise schema.SchemaError(f"{p}: load entries must be finite numbers >= 0")
+        with np.errstate(over="ignore"):
+            arr = arr.sum(axis=0)
     if arr.ndim != 2 or 0 in arr.shape:
         raise schema.SchemaError(f"{p}: load must have shape [L, E] (or [buffer, L, E]), got {arr.shape}")
-    if arr.shape[1] > schema.MAX_ID or not np.isfinite(arr).all() or (arr < 0).any():
+    L, E = arr.shape
+    if L > MAX_LAYERS or E > MAX_EXPERTS:  # what a trace may hold: a plan of it must be simulable and exportable
+        raise schema.SchemaError(f"{p}: load of {L} layers x {E} experts is beyond the trace limits ({MAX_LAYERS} "
+                                 f"layers, {MAX_EXPERTS} experts)")
+    if not np.isfinite(arr).all() or (arr < 0).any():
         raise schema.SchemaError(f"{p}: load entries must be finite numbers >= 0")
+    with np.errstate(over="ignore"):
+        per_layer = arr.sum(axis=1)
+    if not (per_layer <= MAX_LAYER_LOAD).all():  # sums the planner forms must stay exact and finite
+        layer = int(np.flatnonzero(~(per_layer <= MAX_LAYER_LOAD))[0])
+        raise schema.SchemaError(f"{p}: layer {layer}'s load sums to {per_layer[layer]:.3g}, more than "
+                                 f"{MAX_LAYER_LOAD:.3g} (2^53: counts beyond it are not exact; scale the load down)")
     return arr
 
 
