@@ -1,0 +1,282 @@
+"""Traces bigger than one machine (issue 26): wall time, tokens x layers per second and peak RSS of ``analyze`` and
+``simulate`` at 1x, 10x and 100x a base trace, single process (the baseline a user runs today) against
+``--engine ray`` with 2 local workers, outputs checked byte-identical; and the time of ``synth`` for 1,000
+DeepSeek-V3 requests, against the previous generator on the same batch.
+
+Traces (all labelled SYNTHETIC in their metadata): the base is ``moeplace synth --preset deepseek-v3`` with
+``--base-requests`` requests (L=58, E=256, k=8: 464 expert ids per token); the Nx trace is N tiles of the base's
+shards with request ids shifted per tile (the same routing N times: enough to measure streaming, not new
+statistics), written by 2 processes in parallel, shard by shard, and renamed into place when complete. The largest
+size is cut to what ``--max-gb`` and the free disk allow; the result says so.
+
+Each measured command is a real ``python -m moeplace`` process; its peak RSS is sampled every 0.1 s over the
+process and all its descendants (the Ray path's driver, raylet and workers: ``tree_peak_rss_bytes`` sums them,
+so shared pages are counted once per process; ``max_process_rss_bytes`` is the largest single process).
+``cpu_seconds`` is the CPU time of the reaped descendants (``cpu_per_wall`` near 2 means both cores were used);
+``loadavg_at_start`` the 1-minute load average when the command started (the machine is shared).
+
+    python bench/scale.py [--base-requests 400] [--sizes 1,10,100] [--max-gb 20] [--work DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from common import REPO, BenchRun
+
+from moeplace.io import atomic_write_json, make_temp_dir, remove_stale
+from moeplace.simulate.synth_config import SynthConfig
+from moeplace.trace.format import COMPRESSION
+from moeplace.trace.reader import num_token_rows, read_meta, read_requests, shard_files
+from moeplace.trace.types import META_FILE
+
+SRC = REPO / "src"
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def _tree_rss(root: int) -> tuple[int, int]:
+    """(sum, max) of VmRSS in bytes over ``root`` and its descendants (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/statm") as fh:
+                rss[int(d)] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    todo, seen = [root], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(children.get(p, []))
+    vals = [rss.get(p, 0) for p in seen]
+    return sum(vals), max(vals, default=0)
+
+
+def run_measured(args: list[str], cwd: Path, timeout: float = 7200) -> dict:
+    """Run ``python -m moeplace ARGS``; wall seconds, peak RSS (tree sum and largest process), exit status."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    load = os.getloadavg()[0]
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "moeplace", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = {"sum": 0, "max": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            s, m = _tree_rss(proc.pid)
+            peak["sum"], peak["max"] = max(peak["sum"], s), max(peak["max"], m)
+            stop.wait(0.1)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate(timeout=timeout)
+    wall = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"moeplace {' '.join(map(str, args))} failed ({proc.returncode}): {err[-2000:]}")
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return {"wall_seconds": wall, "tree_peak_rss_bytes": peak["sum"], "max_process_rss_bytes": peak["max"],
+            "cpu_seconds": cpu, "cpu_per_wall": cpu / wall, "loadavg_at_start": load}
+
+
+# ------------------------------------------------------------------------------------------------ traces
+
+
+def _tile_shard(job: tuple[str, str, int, int, str]) -> int:
+    """Write one tile's copy of one base shard with request ids shifted by ``shift`` (a worker process)."""
+    base, dest, shard, shift, stem = job
+    f = shard_files(base)[shard]
+    rf = Path(str(f).replace(".tokens.parquet", ".requests.parquet"))
+    for src, suffix in ((rf, ".requests.parquet"), (f, ".tokens.parquet")):  # requests first, as the writer does
+        t = pq.read_table(src)
+        i = t.schema.get_field_index("request_id")
+        t = t.set_column(i, "request_id", pa.compute.add(t.column(i), pa.scalar(shift, pa.int64())))
+        tmp = Path(dest) / f".{stem}{suffix}.tmp"
+        pq.write_table(t, tmp, compression=COMPRESSION, write_page_checksum=True)
+        os.replace(tmp, Path(dest) / f"{stem}{suffix}")
+    return shard
+
+
+def tiled_trace(base: Path, dest: Path, tiles: int, procs: int = 2) -> Path:
+    """``tiles`` copies of ``base``'s shards, request ids shifted per tile, as one SYNTHETIC trace at ``dest``
+    (built beside it, renamed when complete)."""
+    remove_stale(dest, "new")  # a killed run's half-built copy
+    if dest.exists():
+        return dest
+    meta = json.loads((base / META_FILE).read_text())
+    n = len(shard_files(base))
+    span = int(read_requests(base).request_id.max()) + 1
+    tmp = make_temp_dir(dest, "new")
+    jobs = [(str(base), str(tmp), s, k * span, f"part-{k * n + s:05d}") for k in range(tiles) for s in range(n)]
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for _ in pool.imap_unordered(_tile_shard, jobs):
+            pass
+    meta["source"] = f"synthetic: {tiles} tiles of {meta['source']} (request ids shifted per tile); not real routing"
+    meta["synthetic"] = True
+    meta.setdefault("extra", {})["tiled"] = {"tiles": tiles, "base_requests": span}
+    atomic_write_json(meta, tmp / META_FILE, indent=2)
+    os.replace(tmp, dest)
+    return dest
+
+
+def trace_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+
+
+# ------------------------------------------------------------------------------------------------ synth speed
+
+
+def _old_synth(rev: str):
+    """The synth module as of git revision ``rev`` (the generator before this change), loaded from git."""
+    src = subprocess.run(["git", "show", f"{rev}:src/moeplace/simulate/synth.py"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "synth_old.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("synth_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["synth_old"] = mod  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def synth_batch_ab(rev: str, requests: int = 64) -> dict:
+    """One batch of ``requests`` DeepSeek-V3 requests by the previous and the current generator: seconds each and
+    whether the routing is identical (same seed, same draws)."""
+    from moeplace.deploy import get_model
+    from moeplace.simulate import synth as new
+
+    old = _old_synth(rev)
+    pre = get_model("deepseek-v3")
+    cfg = SynthConfig(num_requests=requests)
+    out = {}
+    for name, mod in (("current", new), ("previous", old)):
+        rng = np.random.default_rng(0)
+        m = mod._Model(pre.num_layers, pre.num_experts, pre.top_k, cfg, rng)
+        pl, gl = mod._lengths(cfg, rng, requests)
+        dom = rng.integers(0, cfg.num_domains, requests)
+        p = mod._Params(1.0, 0.5, 0.6)
+        mod._gen_batch(m, cfg, p, np.random.default_rng(1), pl[:2], gl[:2], dom[:2], layers=2)  # compile
+        t0 = time.perf_counter()
+        ids = mod._gen_batch(m, cfg, p, np.random.default_rng(1), pl, gl, dom)
+        out[name] = {"seconds": time.perf_counter() - t0, "ids": ids}
+    same = bool(np.array_equal(out["current"]["ids"], out["previous"]["ids"]))
+    return {"requests": requests, "current_seconds": out["current"]["seconds"],
+            "previous_seconds": out["previous"]["seconds"],
+            "speedup": out["previous"]["seconds"] / out["current"]["seconds"], "identical_routing": same,
+            "previous_revision": rev}
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-requests", type=int, default=400)
+    ap.add_argument("--sizes", default="1,10,100")
+    ap.add_argument("--max-gb", type=float, default=20.0, help="largest trace on disk, GB")
+    ap.add_argument("--engines", default="local,ray")
+    ap.add_argument("--commands", default="analyze,simulate")
+    ap.add_argument("--max-request-bytes", type=int, default=64 << 20,
+                    help="analyze --max-request-bytes: the per-request vectors' cap, so RSS is flat once it binds")
+    ap.add_argument("--synth-requests", type=int, default=1000, help="0: skip the synth timing")
+    ap.add_argument("--synth-baseline", default=None, help="git revision of the previous generator (A/B batch)")
+    ap.add_argument("--work", default=None, help="folder for the traces (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the traces")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    run = BenchRun("scale", baseline="the single-process path (no --engine) on the same trace, same run")
+    work = Path(args.work or tempfile.mkdtemp(prefix="moeplace-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    body: dict = {"params": vars(args), "notes": notes, "results": {}}
+
+    base = work / "base.trace"
+    if not base.exists():
+        t = run_measured(["synth", "--preset", "deepseek-v3", "--requests", args.base_requests, base, "--quiet"],
+                         work)
+        body["results"]["base_synth"] = {**t, "requests": args.base_requests}
+    base_gb = trace_bytes(base) / 1e9
+    free_gb = shutil.disk_usage(work).free / 1e9
+    sizes = [int(x) for x in args.sizes.split(",")]
+    fit = [n for n in sizes if n * base_gb <= min(args.max_gb, 0.8 * free_gb) or n == 1]
+    if fit != sizes:
+        notes.append(f"sizes {sorted(set(sizes) - set(fit))}x left out: {base_gb:.2f} GB per 1x, --max-gb "
+                     f"{args.max_gb}, {free_gb:.0f} GB free on {work}")
+    L = read_meta(base).num_layers
+    per_size = []
+    for n in fit:
+        tr = base if n == 1 else tiled_trace(base, work / f"x{n}.trace", n)
+        gb = trace_bytes(tr) / 1e9
+        tokens = num_token_rows(tr)
+        row: dict = {"size": n, "trace_gb": gb, "tokens": tokens, "shards": len(shard_files(tr)), "runs": {}}
+        print(f"{n}x: {gb:.2f} GB, {tokens:,} tokens, {row['shards']} shards", flush=True)
+        for cmd in args.commands.split(","):
+            outs = {}
+            runs = row["runs"].setdefault(cmd, {})
+            for eng in args.engines.split(","):
+                out = work / f"{cmd}-x{n}-{eng}.json"
+                extra = [] if eng == "local" else ["--engine", eng]
+                cli = (["analyze", tr, "--json", out, "--no-progress", "--max-request-bytes", args.max_request_bytes]
+                       if cmd == "analyze" else ["simulate", tr, "--cluster", "4x8", "--json", out])
+                m = run_measured([*cli, *extra], work)
+                m["tokens_x_layers_per_second"] = tokens * L / m["wall_seconds"]
+                runs[eng] = m
+                outs[eng] = out
+                print(f"  {cmd:8s} {eng:5s} {m['wall_seconds']:8.1f} s  {m['tokens_x_layers_per_second'] / 1e6:7.2f} "
+                      f"M tok*layer/s  tree RSS {m['tree_peak_rss_bytes'] / 1e9:.2f} GB", flush=True)
+            if "local" in outs and len(outs) > 1:
+                ref = json.loads(outs["local"].read_text())
+                for eng, p in outs.items():
+                    got = json.loads(p.read_text())
+                    if cmd == "analyze":
+                        ref["meta"].pop("trace", None)
+                        got["meta"].pop("trace", None)
+                    runs[eng]["identical_to_local"] = got == ref
+                    runs[eng]["speedup_vs_local"] = runs["local"]["wall_seconds"] / runs[eng]["wall_seconds"]
+        per_size.append(row)
+        if n != 1 and not args.keep:
+            shutil.rmtree(tr)
+    body["results"]["sizes"] = per_size
+    if args.synth_requests:
+        d = work / "synth1000.trace"
+        shutil.rmtree(d, ignore_errors=True)
+        t = run_measured(["synth", "--preset", "deepseek-v3", "--requests", args.synth_requests, d, "--quiet"], work)
+        body["results"]["synth"] = {**t, "requests": args.synth_requests, "target_seconds": 60,
+                                    "issue_reported_seconds": 324}
+        shutil.rmtree(d, ignore_errors=True)
+    if args.synth_baseline:
+        body["results"]["synth_batch_ab"] = synth_batch_ab(args.synth_baseline)
+    if not args.keep and not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    run.write(body, args.json)
+
+
+if __name__ == "__main__":
+    main()
