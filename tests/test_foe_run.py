@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from moeplace.placement import Cluster, Plan
+from moeplace.placement import Cluster, Placement, Plan
 from moeplace.placement.foe import FoeLayout, ring_chunks, ring_send_rows, ring_steps
 from moeplace.plan import make_plan
 from moeplace.plan.base import workload_from_tokens
@@ -19,6 +19,7 @@ from moeplace.run.foe_replay import foe_batches, foe_replay
 from moeplace.run.replay import ReplayConfig, reference_outputs, select_window
 from moeplace.simulate import BatchConfig
 from moeplace.simulate.synth import SynthConfig, generate_batches
+from moeplace.trace.reader import read_meta
 from moeplace.trace.types import Requests, TokenChunk, Trace
 from moeplace.trace.writer import write_trace
 
@@ -202,10 +203,13 @@ def test_run_ep_cli_on_an_foe_trace(foe2_dir, tmp_path):
     M, L = rep["window"]["num_microbatches"], len(rep["layer_time_s"]["per_layer"])
     assert rep["layer_time_us_per_microbatch"]["decode"] == pytest.approx(rep["layer_time_s"]["total"] / (M * L) * 1e6)
     assert "measured" in r.stdout and "µs" in r.stdout and "replayed" in r.stdout
-    # an FoE trace with a plain plan is refused before any process starts
+    # a plain MoE strategy on an FoE trace is refused (issue 25), and an FoE trace with a plain plan made elsewhere
+    # is refused before any process starts
     moe_plan = tmp_path / "moe.json"
-    assert run_cli("plan", str(foe2_dir), "--strategy", "linear", "--cluster", "2x2", "--out",
-                   str(moe_plan)).returncode == 0
+    r = run_cli("plan", str(foe2_dir), "--strategy", "linear", "--cluster", "2x2", "--out", str(moe_plan))
+    assert r.returncode == 2 and "--strategy foe" in r.stderr and not moe_plan.exists()
+    meta = read_meta(foe2_dir)
+    Plan(Placement.linear(meta.num_layers, meta.num_experts, 4), Cluster(2, 2)).save(moe_plan)
     r = run_cli("run-ep", str(foe2_dir), "--plan", str(moe_plan), "--cluster", "2x2")
     assert r.returncode == 2 and "strategy foe" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -129,14 +129,15 @@ def test_decode_tokens_follow_the_prompt(foe_trace: Path):
         assert np.array_equal(np.sort(tok["position"][d]), n_pre + np.arange(int(d.sum())))
 
 
-def test_analyze_and_plan_run_on_an_foe_trace(foe_trace: Path, tmp_path: Path, capsys):
+def test_analyze_runs_on_an_foe_trace_and_plain_moe_planning_is_refused(foe_trace: Path, tmp_path: Path, capsys):
+    """analyze reads an FoE trace; a plain MoE strategy (its placement ignores the groups) is one line, no plan."""
     a = run_main(capsys, "analyze", str(foe_trace), "--no-progress", "--json", str(tmp_path / "a.json"))
     assert a.returncode == 0, a.stderr[-2000:]
     assert json.loads((tmp_path / "a.json").read_text())["meta"]["num_tokens"]["total"] > 0
     p = run_main(capsys, "plan", str(foe_trace), "--strategy", "eplb", "--cluster", "2x2",
                  "--out", str(tmp_path / "p.json"))
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert (tmp_path / "p.json").exists()
+    assert "--strategy foe" in _one_line_error(p, "FoE trace")
+    assert not (tmp_path / "p.json").exists()
 
 
 def _broken_copy(foe_trace: Path, tmp_path: Path) -> Path:

@@ -69,6 +69,8 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
+            if not text.isascii():  # int() reads full-width and other Unicode digits: a number is ASCII here
+                raise ValueError(text)
             v = int(text.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {text!r}") from None
@@ -86,6 +88,8 @@ def float_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False)
 
     def parse(text: str) -> float:
         try:
+            if not text.isascii():  # float() reads full-width and other Unicode digits: a number is ASCII here
+                raise ValueError(text)
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number in {span}, got {text!r}") from None

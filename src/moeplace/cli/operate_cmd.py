@@ -94,6 +94,9 @@ def cmd_operate(args: argparse.Namespace) -> int:
     else:
         if args.stream is None:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
+        from moeplace.operate.service import check_stream_model
+
+        check_stream_model(args.stream, preset)
         schedule = None
         if args.schedule is not None:
             from moeplace.operate.workloads import MixSchedule

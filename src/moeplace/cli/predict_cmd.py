@@ -11,6 +11,8 @@ from moeplace.cli import int_in, output_file
 def ep_list(text: str) -> list[int]:
     """Comma-separated EP sizes, e.g. ``8,16,32``."""
     try:
+        if not text.isascii():  # int() reads full-width digits
+            raise ValueError(text)
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 8,16,32") from None

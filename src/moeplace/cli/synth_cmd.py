@@ -13,6 +13,8 @@ from moeplace.simulate.synth_config import SynthConfig
 def share_list(text: str) -> tuple[float, ...]:
     """Comma-separated finite shares >= 0 with a positive sum, e.g. ``0.5,0.3,0.2``."""
     try:
+        if not text.isascii():  # float() reads full-width digits
+            raise ValueError(text)
         out = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 0.5,0.3,0.2") from None

@@ -14,6 +14,25 @@ from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stre
 from moeplace.operate.workloads import MixSchedule
 
 
+def check_stream_model(path: str | Path, model_preset: str | None) -> None:
+    """ValueError (naming the trace or ``--model-preset``) before a stream is opened: an FoE trace (the loop prices
+    plain MoE execution), or a model preset whose experts or top-k differ from the trace's (its sizes would price
+    another model)."""
+    from moeplace.deploy import get_model
+    from moeplace.trace.reader import read_meta
+
+    meta = read_meta(path)
+    if meta.foe_groups > 1:
+        raise ValueError(f"{path}: an FoE trace (foe_groups={meta.foe_groups}): operate prices plain MoE execution "
+                         "and exports engine maps, which an FoE model has none of (docs/FOE.md)")
+    if model_preset is not None:
+        p = get_model(model_preset)
+        if (p.num_experts, p.top_k) != (meta.num_experts, meta.top_k):
+            raise ValueError(f"--model-preset {model_preset}: {p.num_experts} experts, top-{p.top_k}, but {path} "
+                             f"routes to {meta.num_experts} experts, top-{meta.top_k}: pick a preset of this model's "
+                             "shape (moeplace profiles and docs/PRESETS.md list them)")
+
+
 def open_stream(path: str | Path, window_requests: int, order: str = "table", seed: int = 0,
                 drift_requests: int = 1000, schedule: MixSchedule | None = None, stream_requests: int | None = None,
                 stream_key: str = "domain") -> Stream:

@@ -11,7 +11,7 @@ from moeplace.deploy import Deployment
 from moeplace.params import bind
 from moeplace.placement import Cluster, Placement, Plan, check_slot_count, typed_from_extra
 from moeplace.plan.base import Workload
-from moeplace.plan.registry import get_strategy
+from moeplace.plan.registry import FOE_STRATEGIES, get_strategy
 
 
 def strategy_params(strategy: str, params: dict[str, object], deployment: Deployment | None = None
@@ -52,6 +52,10 @@ def make_plan(strategy: str, work: Workload, cluster: Cluster, num_redundant: in
         raise ValueError(f"{planned_on or 'the planning window'}: no routed tokens to plan from (an empty trace, or "
                          "one a killed import left behind); record or import routing first")
     check_slot_count(work.num_experts, num_redundant, cluster.world_size, work.num_layers)
+    if work.foe_groups > 1 and strategy not in FOE_STRATEGIES:
+        raise ValueError(f"{planned_on or 'the planning window'}: an FoE trace (foe_groups={work.foe_groups}): its "
+                         f"model runs each token's experts group by group, which a {strategy!r} placement ignores; "
+                         "plan it with --strategy foe and run it with run-ep (docs/FOE.md)")
     if s.needs_tokens and not work.has_tokens:
         raise ValueError(
             f"strategy {strategy!r} needs per-token routing (it uses which experts each token selects together "

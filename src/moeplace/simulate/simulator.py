@@ -98,6 +98,9 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
     check_rule(rule)
     if meta.kind != "tokens":
         raise ValueError("simulate needs a per-token trace, but this trace is counts-only (kind='counts')")
+    if meta.foe_groups > 1:
+        raise ValueError(f"{where}: an FoE trace (foe_groups={meta.foe_groups}): simulate replays plain MoE "
+                         "execution; run-ep reports an FoE run next to the simulator's FoE replay (docs/FOE.md)")
     cost = cost or CostConfig()
     batching = batching or BatchConfig()
     if plan is None:

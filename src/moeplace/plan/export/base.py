@@ -13,6 +13,14 @@ from moeplace.placement import ModelLayers
 from moeplace.plan.export import MAX_DECODER_LAYERS
 
 
+def check_plain_moe(plan, fmt: str) -> None:
+    """ValueError for an FoE plan (``plan.foe_groups > 1``): the engines serve plain MoE, so no engine map of it
+    means what the plan means."""
+    if getattr(plan, "foe_groups", 1) > 1:
+        raise ValueError(f"an FoE plan (foe_groups={plan.foe_groups}) has no {fmt} mapping: the engines serve plain "
+                         "MoE; an FoE plan runs with moeplace run-ep (docs/FOE.md)")
+
+
 def resolve_layers(num_moe_layers: int, moe_layer_map: list[int] | None = None,
                    num_decoder_layers: int | None = None, recorded: ModelLayers | None = None,
                    where: str = "plan") -> ModelLayers:

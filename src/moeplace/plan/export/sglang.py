@@ -18,7 +18,7 @@ import numpy as np
 
 from moeplace import schema
 from moeplace.placement import ModelLayers, Placement, Plan
-from moeplace.plan.export.base import matrix_of, resolve_layers
+from moeplace.plan.export.base import check_plain_moe, matrix_of, resolve_layers
 
 
 def to_sglang(placement: Placement, layers: ModelLayers) -> dict:
@@ -51,5 +51,6 @@ def export_sglang(plan: Plan, moe_layer_map: list[int] | None = None,
                   num_decoder_layers: int | None = None) -> dict:
     """The SGLang JSON of ``plan``; the layout comes from :func:`resolve_layers` (``moe_layer_map`` /
     ``num_decoder_layers`` override the plan's ``model_layers``); ValueError when the row count cannot be known."""
+    check_plain_moe(plan, "SGLang")
     layers = resolve_layers(plan.placement.num_layers, moe_layer_map, num_decoder_layers, plan.model_layers)
     return to_sglang(plan.placement, layers)

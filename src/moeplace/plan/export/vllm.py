@@ -16,7 +16,7 @@ import numpy as np
 
 from moeplace import schema
 from moeplace.placement import Placement, Plan
-from moeplace.plan.export.base import matrix_of
+from moeplace.plan.export.base import check_plain_moe, matrix_of
 
 
 def to_vllm(placement: Placement) -> dict:
@@ -94,5 +94,6 @@ def apply_to_vllm(eplb_state, model_config, mapping: dict, ep_group) -> None:  #
 
 
 def export_vllm(plan: Plan) -> dict:
-    """The vLLM JSON of ``plan`` (:func:`to_vllm` of its placement)."""
+    """The vLLM JSON of ``plan`` (:func:`to_vllm` of its placement); ValueError for an FoE plan."""
+    check_plain_moe(plan, "vLLM")
     return to_vllm(plan.placement)
