@@ -928,6 +928,8 @@ def load_causal_lm(spec: str, device: str = "cpu", dtype: str = "auto", flag: st
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch_dtype)
-    except (OSError, KeyError) as e:
-        raise ValueError(f"{flag} {spec}: cannot load a model and tokenizer from this directory ({e})") from None
+    except Exception as e:  # transformers and tokenizers raise OSError, KeyError, ValueError, a bare Exception...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ValueError(f"{flag} {spec}: cannot load a model and tokenizer from this directory "
+                         f"({type(e).__name__}: {first})") from None
     return model.to(device).eval(), tokenizer, str(d)
