@@ -1,7 +1,8 @@
 """Run many ``moeplace`` command lines fast: import the CLI once, then fork one child per command.
 
 Protocol: one JSON object a line on stdin, ``{"argv": [...], "stdout": PATH, "stderr": PATH, "timeout": s,
-"as_cap": bytes}``; one JSON line back, ``{"rc": int}``. Each child sets its address-space cap and an alarm, points
+"as_cap": bytes}`` (optional ``"env"``: variables to set, ``"unset"``: names to remove, ``"cwd"``: folder to run
+in); one JSON line back, ``{"rc": int}``. Each child sets its address-space cap and an alarm, points
 fds 1 and 2 at the given files and runs ``moeplace.cli.main(argv)`` exactly as ``python -m moeplace`` does: an
 exception that escapes main is printed as a traceback and gives exit 1; the alarm kills the child (rc -14).
 Used by test_fault_traces.py, where starting a fresh interpreter (torch import included) for each of a hundred
@@ -19,6 +20,11 @@ import traceback
 
 
 def _child(req: dict) -> int:
+    os.environ.update(req.get("env") or {})
+    for k in req.get("unset") or ():
+        os.environ.pop(k, None)
+    if req.get("cwd"):
+        os.chdir(req["cwd"])
     resource.setrlimit(resource.RLIMIT_AS, (req["as_cap"], req["as_cap"]))
     signal.alarm(int(req["timeout"]))
     for fd, path in ((1, req["stdout"]), (2, req["stderr"])):

@@ -7,11 +7,12 @@ that asks for a huge allocation fails fast instead of swapping the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -31,6 +32,35 @@ def run_cli(args: Sequence[object], cwd: str | os.PathLike, timeout: float = 120
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run([sys.executable, "-m", "moeplace", *map(str, args)], cwd=cwd, env=env, text=True,
                           stdout=stdout, stderr=subprocess.PIPE, timeout=timeout, preexec_fn=_cap_memory)
+
+
+class ForkServer:
+    """Runs ``moeplace`` command lines in forked children of one interpreter that imported the CLI once
+    (forkserver.py): each child gets ``as_cap`` bytes of address space, ``timeout`` seconds, its own stdout and
+    stderr files, and optionally its own environment changes and working folder. ``MOEPLACE_MEMORY_BUDGET`` is
+    unset unless a run sets it, so the budget is half the cap."""
+
+    def __init__(self, timeout: float = 240, as_cap: int = MEMORY_CAP) -> None:
+        env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+        env.pop("MOEPLACE_MEMORY_BUDGET", None)
+        self.timeout, self.as_cap = timeout, as_cap
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def run(self, tmp: Path, *argv: object, env: Mapping[str, str] | None = None, unset: Sequence[str] = (),
+            cwd: str | os.PathLike | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+        out, err = Path(tmp) / ".fork-stdout.txt", Path(tmp) / ".fork-stderr.txt"
+        req = {"argv": [str(a) for a in argv], "stdout": str(out), "stderr": str(err),
+               "timeout": timeout or self.timeout, "as_cap": self.as_cap, "env": dict(env or {}),
+               "unset": list(unset), "cwd": None if cwd is None else str(cwd)}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        rc = json.loads(self.proc.stdout.readline())["rc"]
+        return subprocess.CompletedProcess(req["argv"], rc, out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def assert_clean_failure(proc: subprocess.CompletedProcess, mentions: Sequence[str] = ()) -> str:

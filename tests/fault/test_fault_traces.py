@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from harness import ForkServer
 
 from moeplace.trace import TraceMeta, TraceWriter
 
@@ -217,7 +218,8 @@ CASES = [
     Case("meta-layers-disagree", lambda t: _meta(t, num_layers=3), "error", S0),
     Case("meta-says-weights", lambda t: _meta(t, has_weights=True), "error", S0),
     Case("meta-says-counts", lambda t: _meta(t, kind="counts"), "error"),  # over token shards: they disagree
-    Case("complete-without-shards", lambda t: [f.unlink() for f in t.glob("part-*")], "error", "complete-without-shards.trace"),
+    Case("complete-without-shards", lambda t: [f.unlink() for f in t.glob("part-*")], "error",
+         "complete-without-shards.trace"),
     # Parquet files: truncation, flipped bytes, wrong kinds of file
     Case("shard-truncated-half", lambda t: _truncate(_shard(t), 0.5), "error", S0),
     Case("shard-truncated-tail", lambda t: _truncate(_shard(t), 0.98), "error", S0),
@@ -283,31 +285,9 @@ def bases(tmp_path_factory):
             "counts": (root / "counts.trace", write_counts_trace(root / "counts.trace"))}
 
 
-class ForkServer:
-    """Runs ``moeplace`` command lines in forked children of one interpreter (see forkserver.py)."""
-
-    def __init__(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-        env.pop("MOEPLACE_MEMORY_BUDGET", None)
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py"))],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def run(self, tmp: Path, *argv: str) -> subprocess.CompletedProcess:
-        out, err = tmp / "stdout.txt", tmp / "stderr.txt"
-        req = {"argv": list(argv), "stdout": str(out), "stderr": str(err), "timeout": TIMEOUT_S, "as_cap": AS_CAP}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        rc = json.loads(self.proc.stdout.readline())["rc"]
-        return subprocess.CompletedProcess(argv, rc, out.read_text(), err.read_text())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def cli():
-    fs = ForkServer()
+    fs = ForkServer(timeout=TIMEOUT_S, as_cap=AS_CAP)
     yield fs
     fs.close()
 

@@ -79,6 +79,7 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
         return v
 
     parse.__name__ = "integer"
+    parse.bounds = (lo, hi)  # for listings and the fault suite's options-at-their-bounds walk
     return parse
 
 
@@ -99,6 +100,7 @@ def float_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False)
         return v
 
     parse.__name__ = "number"
+    parse.bounds = (lo, hi)
     return parse
 
 
