@@ -96,7 +96,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
         from moeplace.operate.service import check_stream_model
 
-        check_stream_model(args.stream, preset)
+        check_stream_model(args.stream, args.model_preset)  # explicit only: a --profile prices its own model
         schedule = None
         if args.schedule is not None:
             from moeplace.operate.workloads import MixSchedule
