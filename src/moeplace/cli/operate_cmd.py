@@ -96,7 +96,9 @@ def cmd_operate(args: argparse.Namespace) -> int:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
         from moeplace.operate.service import check_stream_model
 
-        check_stream_model(args.stream, args.model_preset)  # explicit only: a --profile prices its own model
+        note = check_stream_model(args.stream, args.model_preset)  # explicit only: a --profile prices its model
+        if note:
+            print(note, flush=True)
         schedule = None
         if args.schedule is not None:
             from moeplace.operate.workloads import MixSchedule

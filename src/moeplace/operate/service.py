@@ -14,10 +14,10 @@ from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stre
 from moeplace.operate.workloads import MixSchedule
 
 
-def check_stream_model(path: str | Path, model_preset: str | None) -> None:
-    """ValueError (naming the trace or ``--model-preset``) before a stream is opened: an FoE trace (the loop prices
-    plain MoE execution), or a model preset whose experts or top-k differ from the trace's (its sizes would price
-    another model)."""
+def check_stream_model(path: str | Path, model_preset: str | None) -> str | None:
+    """Before a stream is opened: ValueError naming the trace for an FoE trace (the loop prices plain MoE
+    execution); for a model preset whose experts or top-k differ from the trace's, the note to print (its hidden
+    and expert sizes price the trace's own experts: a deliberate what-if, so said, not refused); else None."""
     from moeplace.deploy import get_model
     from moeplace.trace.reader import read_meta
 
@@ -28,9 +28,10 @@ def check_stream_model(path: str | Path, model_preset: str | None) -> None:
     if model_preset is not None:
         p = get_model(model_preset)
         if (p.num_experts, p.top_k) != (meta.num_experts, meta.top_k):
-            raise ValueError(f"--model-preset {model_preset}: {p.num_experts} experts, top-{p.top_k}, but {path} "
-                             f"routes to {meta.num_experts} experts, top-{meta.top_k}: pick a preset of this model's "
-                             "shape (moeplace profiles and docs/PRESETS.md list them)")
+            return (f"note: --model-preset {model_preset} has {p.num_experts} experts, top-{p.top_k}; {path} routes "
+                    f"to {meta.num_experts}, top-{meta.top_k}: the preset's sizes (hidden {p.hidden_size}, expert "
+                    f"intermediate {p.moe_intermediate_size}) price the trace's {meta.num_experts} experts")
+    return None
 
 
 def open_stream(path: str | Path, window_requests: int, order: str = "table", seed: int = 0,
