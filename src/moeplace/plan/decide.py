@@ -18,7 +18,8 @@ dispatch first by 0.1% in a split where it was 4% slower on held-out requests.
 Micro-batches of the evidence. A planning window is a fraction of what a deployment serves at once (a decode
 running set of 128 requests per GPU on 24 GPUs is 3,072 requests; prefill chunks of 16K tokens per GPU). The
 evidence forms micro-batches of the deployment's size where the fold's rows allow it, else of the largest size
-that still gives ``min_microbatches`` per fold: prefill rows laid end to end in arrival order and cut into chunks;
+that still gives ``min_microbatches`` per fold (4; a candidate needs 8 per phase in all to be deployed): prefill
+rows laid end to end in arrival order and cut into chunks;
 decode rows ordered by (decode step, arrival) and cut into chunks, so a chunk holds one step of as many requests as
 there are and several consecutive steps of each when the fold has fewer requests than the running set. Partial
 chunks are not scored. :func:`evidence_microbatches` returns the sizes used; the decision records them.
@@ -34,7 +35,8 @@ from moeplace.intervals import paired_ratio_ci
 from moeplace.simulate.batching import rank_within
 
 PHASES = ("prefill", "decode")
-MIN_EVIDENCE_MICROBATCHES = 2  # full micro-batches per fold and phase below which the evidence shrinks them
+MIN_EVIDENCE_MICROBATCHES = 4  # micro-batches per fold and phase below which the evidence shrinks them
+MIN_DECIDING_MICROBATCHES = 8  # a candidate needs at least this many per phase (all folds) to be deployed
 
 
 def evidence_microbatches(token_request: np.ndarray, prefill: np.ndarray, decode: np.ndarray, arrival: np.ndarray,
@@ -75,13 +77,16 @@ def evidence_microbatches(token_request: np.ndarray, prefill: np.ndarray, decode
 
 
 def decide(times: dict[str, dict[str, Sequence[np.ndarray]]], baselines: Sequence[str],
-           level: float = 0.95, seed: int = 0, default: str | None = None) -> dict:
+           level: float = 0.95, seed: int = 0, default: str | None = None,
+           min_microbatches: int = MIN_DECIDING_MICROBATCHES) -> dict:
     """The decision over candidates (see the module docstring).
 
     times: phase -> candidate name -> per fold float [B_f] time of each scored micro-batch (the same micro-batches,
     in the same order, for every candidate of a phase); baselines: the names that are baselines (at least one, in
     every phase); default: the baseline deployed when no candidate is eligible, unless another baseline is faster
-    than it beyond the noise (upper end below 1 in every phase; None: the first baseline). Returns the ``decision``
+    than it beyond the noise (upper end below 1 in every phase; None: the first baseline); min_microbatches: the
+    scored micro-batches a phase needs (all folds together) before a candidate can be deployed on its evidence
+    (fewer: too little evidence, the baseline stays). Returns the ``decision``
     record: ``chosen``, ``deployed`` ("candidate" or "baseline"), ``baseline`` (phase -> name), ``candidates``
     (name -> phase -> ratio, ci95, microbatches, eligible), ``reason``.
     """
@@ -105,7 +110,8 @@ def decide(times: dict[str, dict[str, Sequence[np.ndarray]]], baselines: Sequenc
             ci = paired_ratio_ci(list(times[ph][n]), list(times[ph][best_base[ph]]), level=level, seed=seed)
             per[ph] = {"ratio": ci.ratio, "ci95": [ci.lo, ci.hi], "microbatches": ci.microbatches}
         worst[n] = max(p["ratio"] for p in per.values())
-        ok = n not in base_names and all(p["ci95"][1] < 1.0 for p in per.values())
+        ok = n not in base_names and all(p["ci95"][1] < 1.0 and p["microbatches"] >= min_microbatches
+                                         for p in per.values())
         for p in per.values():
             p["eligible"] = ok
         record[n] = per
@@ -142,4 +148,4 @@ def decide(times: dict[str, dict[str, Sequence[np.ndarray]]], baselines: Sequenc
             "reason": reason, "level": level}
 
 
-__all__ = ["MIN_EVIDENCE_MICROBATCHES", "PHASES", "decide", "evidence_microbatches"]
+__all__ = ["MIN_DECIDING_MICROBATCHES", "MIN_EVIDENCE_MICROBATCHES", "PHASES", "decide", "evidence_microbatches"]
