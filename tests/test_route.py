@@ -382,6 +382,8 @@ def test_service_refuses_bad_input_in_one_line(setup, service):
         ([1, 2], 400, "JSON object"),
         (b'{"prefill_expert_counts": [[1e400]]}', 400, "not valid JSON"),
         (b"[" * 100 + b"]" * 100, 400, "nested too deeply"),
+        (b"[" * 100000 + b"]" * 100000, 400, "nested too deeply"),
+        (b'{"topk_ids": ' + b"[" * 60 + b"]" * 60 + b"}", 400, "topk_ids"),
         (b" " * ((1 << 20) + 1), 413, "over the"),
     ]
     for body, code, match in cases:
