@@ -44,7 +44,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("route", help="serve a grouped plan's request -> decode rank function over HTTP",
                        description="Route requests by their prefill expert counts with a plan's grouper "
-                                   "(docs/ROUTE.md).")
+                                   "(docs/ROUTE.md).",
+                       epilog="example:\n  moeplace route serve --grouper grouper.json --port 8081",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     rs = p.add_subparsers(dest="route_command", metavar="SUBCOMMAND", required=True)
     s = rs.add_parser(
         "serve", help="HTTP service: POST /route, POST /route_batch, GET /health",
