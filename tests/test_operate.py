@@ -225,7 +225,7 @@ def test_policies_change_plans_and_account_migrations(tmp_path):
     cfg = OperateConfig(c, num_redundant=16, window_requests=16, batching=BatchConfig(decode_batch=8))
     out = {}
     runs = (("periodic", {"period_steps": 400}), ("moeplace", {"horizon_steps": 10**6}),
-            ("threshold", {"threshold": 0.99}))
+            ("threshold", {"threshold": 0.99, "horizon_steps": 10**6}))
     for pol, kw in runs:
         res = operate(trace_stream(GPT_OSS_SAMPLE, 16), cfg, pol, out=tmp_path / pol, **kw)
         out[pol] = res

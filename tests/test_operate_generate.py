@@ -27,6 +27,7 @@ if not (reference.REFERENCE_DIR / "model.safetensors").is_file():
 WINDOW = 8  # requests per window = generate batch = decode batch
 NEW = 4  # max_new_tokens
 SAMPLE = 16
+HORIZON = 10**9  # steps: the threshold trigger moves whenever its evidence bound is positive (a change to compare)
 # one torch thread in every process: the same float reductions, so the same routing, and no thread oversubscription
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
@@ -50,7 +51,7 @@ def runs(tmp_path_factory):
     prompts.write_text("".join(json.dumps({"prompt": r["prompt"], "domain": r["domain"]}) + "\n" for r in pick))
     common = ["--window-requests", str(WINDOW), "--decode-batch", str(WINDOW), "--cluster", "2x4",
               "--model-preset", "gpt-oss-20b", "--sample-every", str(SAMPLE), "--policy", "threshold",
-              "--threshold", "0.99"]
+              "--threshold", "0.99", "--horizon-steps", str(HORIZON)]
     rec = cli("trace", "record", "--model", "reference", "--prompts", str(prompts), "--max-new-tokens", str(NEW),
               "--batch-size", str(WINDOW), str(d / "rec.trace"))
     live = cli("operate", "--source", "live", "--model", "reference", "--prompts", str(prompts), "--max-new-tokens",
@@ -68,7 +69,8 @@ def test_live_loop_equals_replay_of_the_recorded_trace(runs):
     assert live["params"]["stream"]["source"] == "live" and live["stream"].startswith("live generate of ")
     cfg = OperateConfig(parse_cluster("2x4", None), 0, WINDOW, SAMPLE, model_preset="gpt-oss-20b",
                         batching=BatchConfig(WINDOW, BatchConfig().prefill_tokens))
-    rep = operate(trace_stream(d / "rec.trace", WINDOW, "table"), cfg, "threshold", threshold=0.99).to_json()
+    rep = operate(trace_stream(d / "rec.trace", WINDOW, "table"), cfg, "threshold", threshold=0.99,
+                  horizon_steps=HORIZON).to_json()
     assert len(live["windows"]) == n // WINDOW
     assert live["windows"] == rep["windows"]
     assert live["rebalances"] >= 1 and (d / "plans" / "changes" / "0001" / "migration.json").is_file()

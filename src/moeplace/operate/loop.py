@@ -159,9 +159,11 @@ class PlanWriter:
 
 
 def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace", out: str | Path | None = None,
-            sink: Callable[[WindowReport, dict], None] | None = None, **policy_params: object) -> OperateResult:
+            sink: Callable[[WindowReport, dict], None] | None = None, initial: np.ndarray | None = None,
+            **policy_params: object) -> OperateResult:
     """Run the loop over ``stream`` (module docstring). ``sink(report, state)`` is called after every window (the
-    metrics endpoint and the dashboard); ``out`` is the folder for plans (None: write nothing)."""
+    metrics endpoint and the dashboard); ``out`` is the folder for plans (None: write nothing). ``initial``: the
+    placement in force at the start, phy2log int [L, E + num_redundant] (None: the linear placement)."""
     pol = policy if isinstance(policy, Policy) else make_policy(policy, **policy_params)
     meta = stream.meta
     L, E = meta.num_layers, meta.num_experts
@@ -174,6 +176,12 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
     xbytes = expert_bytes(preset, cfg.weight_bytes)
     try:
         placement = Placement.linear(L, E, W, cfg.num_redundant)
+        if initial is not None:
+            p2l = np.asarray(initial)
+            if p2l.shape != placement.phy2log.shape or not np.issubdtype(p2l.dtype, np.integer):
+                raise ValueError(f"initial placement: expected int [{L}, {placement.num_slots}] (layers x slots of "
+                                 f"{E} experts + {cfg.num_redundant} redundant), got {p2l.dtype} {list(p2l.shape)}")
+            placement = Placement(p2l.astype(np.int64), E, W)
     except ValueError as e:
         raise OperateError(str(e)) from None
     P = placement.num_slots
@@ -193,10 +201,12 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
               "hidden_size": preset.hidden_size, "decode_batch": cfg.batching.decode_batch,
               "prefill_tokens": cfg.batching.prefill_tokens, "rule": cfg.rule, "dedup": cfg.dedup,
               "model_layers": {**layers.to_json(), "assumed": meta.moe_layer_map is None},
+              "initial": "linear" if initial is None else "given",
               "policy": {k: v for k, v in asdict(pol).items() if k != "last"}}
     reports: list[WindowReport] = []
     layer_total = mig_time = mig_bytes = 0.0
     rebalances = steps = first_row = plan_since = 0
+    last_load = None  # the previous window's load (PolicyState.load_before)
     t0 = time.monotonic()
     it = iter(stream.windows)
     w = 0
@@ -215,18 +225,22 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
         first_row += len(window.tokens)
 
         def run(p2l: np.ndarray, window=window) -> tuple[np.ndarray, object]:
+            """float [B, L]: predicted time of each micro-batch and layer of the window under ``p2l``."""
             cand = Plan(Placement(p2l, E, W), cfg.cluster, strategy="candidate")
             res = simulate(window, cand, cost=cost, batching=cfg.batching, rule=cfg.rule).all
             pm = res.per_microbatch
-            return (pm[f"{cfg.dedup}.comm_time"] + pm["compute_time"]).sum(0), res
+            return pm[f"{cfg.dedup}.comm_time"] + pm["compute_time"], res
 
-        lt, res = run(state.phy2log)
+        lt_mb, res = run(state.phy2log)
+        lt = lt_mb.sum(0)
         steps += counts.steps
         state.steps_since_change += counts.steps
         state.windows += 1
         load = counts.load
         state.load_since_change = load if state.load_since_change is None else state.load_since_change + load
+        state.ema_before, state.load_before = state.ema_load, last_load
         state.ema_load = load if state.ema_load is None else (1 - EMA_WEIGHT) * state.ema_load + EMA_WEIGHT * load
+        last_load = load
         bal = mean_balancedness(res.load)
         layer_total += float(lt.sum())
         rep = WindowReport(
@@ -237,7 +251,8 @@ def operate(stream: Stream, cfg: OperateConfig, policy: str | Policy = "moeplace
             inter_node_bytes=float(res.bytes_per_microbatch(cfg.dedup, "inter_node").sum()),
             layer_time_s=float(lt.sum()), plan_age_steps=steps - plan_since, plan_version=version,
             drop_ratio=counts.drop_ratio, dropped_pairs=counts.dropped)
-        obs = Observation(w, counts.steps, load, bal, lt, lambda p2l: run(p2l)[0])
+        obs = Observation(w, counts.steps, load, bal, lt, lambda p2l: run(p2l)[0].sum(0), lt_mb,
+                          lambda p2l: run(p2l)[0])
         new = pol.decide(obs, state, ctx)
         if new is not None and not np.array_equal(new, state.phy2log):
             mig = migration_plan(state.phy2log, new, cfg.cluster, xbytes)

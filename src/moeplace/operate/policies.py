@@ -10,16 +10,32 @@ Every policy is called at the end of each window with what the loop observed and
 - ``periodic``: EPLB from the load accumulated since the last change, every ``period_steps`` steps; the new map
   replaces the old one whole (SGLang: ``--eplb-rebalance-num-iterations``, default 1000).
 - ``periodic-preserve``: the same, with vLLM's slot preservation: experts that stay on a GPU keep their slots.
-- ``threshold``: EPLB from the last window's load when its balancedness falls below ``threshold``.
-- ``moeplace`` (ours): per layer, two candidates built from the recent load (an exponential average of
-  windows, newest weight 1/2):
-  *replicate first* (redundant replicas move: hot experts gain replicas on the least-loaded GPUs, cold ones
-  lose theirs; a primary moves only to make room) and *re-place* (EPLB, its GPUs matched to the old ones with
-  ``linear_sum_assignment`` so the fewest experts move, and unchanged slots kept). Each candidate's gain is its
-  predicted layer time (the simulator's time model replayed on the last window) saved per step times
-  ``horizon_steps``; its cost is the migration time of its changed slots (:mod:`.migration`). A layer changes
-  when gain >= ``margin`` x cost, to the candidate with the largest gain minus cost, and at most ``chunk_layers``
-  layers change per decision (the largest net first): migration in chunks of layers.
+- ``threshold``: when the window's balancedness falls below ``threshold``, EPLB of that window's load, deployed
+  only when the evidence test below passes (scored: EPLB of the window before).
+- ``moeplace`` (ours): per layer, two candidates built from the recent load (an exponential average of windows,
+  newest weight 1/2): *replicate first* (redundant replicas move: hot experts gain replicas on the least-loaded
+  GPUs, cold ones lose theirs; a primary moves only to make room) and *re-place* (EPLB, its GPUs matched to the old
+  ones with ``linear_sum_assignment`` so the fewest experts move, and unchanged slots kept). Each layer keeps the
+  candidate with the largest point net gain (layer time saved on the newest window per step, times
+  ``horizon_steps``, minus the layer's migration time); at most ``chunk_layers`` layers, the largest net first,
+  are considered; of the prefixes of that list that pass the evidence test, the one with the largest bound gain
+  net of its migration time moves: migration in chunks of layers.
+
+Evidence test (:func:`gain_evidence`; ``moeplace`` and ``threshold``). After window ``w`` a policy builds each
+candidate twice with the same construction: *scored* from the load without window w, and *deployed* from the load
+with it. The scored one is compared with the plan in force on window w, which it did not see (out of sample:
+fitting a placement to a window's noise gains nothing on another window); the deployed one is what would move, one
+window ahead of its data, as the scored one was. Let ``c_b`` and ``n_b`` be the predicted MoE time (all layers) of
+micro-batch ``b`` of window w under the plan in force and under the scored placement, ``T = sum_b c_b``, ``s`` the
+window's steps (= micro-batches), ``r = sum_b n_b / T`` and ``[lo, hi]`` its paired 95% interval
+(:func:`moeplace.intervals.paired_ratio_ci`: the same micro-batches for both, bootstrap seeded by the window index).
+The gain per step is ``(1 - r) T / s``, its lower confidence bound ``G_lo = (1 - hi) T / s``. The move happens only
+when ``G_lo x horizon_steps > 0`` and ``G_lo x horizon_steps > margin x C``, with ``C`` the migration time of plan
+in force -> deployed placement (:func:`moeplace.operate.migration.migration_plan`: changed slots x expert bytes on
+the busiest link / its bandwidth): the lower bound of the gain over the
+``horizon_steps`` steps the move is expected to stay in force must pay for it. Window 0 has no earlier window to
+score on: no move. On a stationary stream (the same requests shuffled) whose plan already fits the traffic, a
+re-fitted placement gains nothing beyond noise on a window it did not see, so nothing moves.
 """
 
 from __future__ import annotations
@@ -48,6 +64,8 @@ class Observation:
     balancedness: float  # mean over layers of mean_g / max_g GPU load
     layer_time: np.ndarray  # float64 [L]: predicted MoE layer time of the window, seconds, per layer
     predict: Callable[[np.ndarray], np.ndarray]  # phy2log [L, P] -> float [L] layer time of this window's routing
+    layer_time_mb: np.ndarray | None = None  # float64 [B, L]: the same per micro-batch (B = its micro-batches)
+    predict_mb: Callable[[np.ndarray], np.ndarray] | None = None  # phy2log [L, P] -> float [B, L]
 
 
 @dataclass
@@ -67,8 +85,10 @@ class PolicyState:
     phy2log: np.ndarray  # int64 [L, P]
     steps_since_change: int = 0
     load_since_change: np.ndarray | None = None  # float64 [L, E]
-    ema_load: np.ndarray | None = None  # float64 [L, E]
+    ema_load: np.ndarray | None = None  # float64 [L, E]: exponential average of the windows, the newest included
     windows: int = 0
+    ema_before: np.ndarray | None = None  # float64 [L, E]: ema_load before the newest window (None after window 0)
+    load_before: np.ndarray | None = None  # float64 [L, E]: the load of the window before the newest one
 
 
 def eplb_map(load: np.ndarray, ctx: Context) -> np.ndarray:
@@ -112,13 +132,69 @@ class Periodic(Policy):
         return preserve_slots(state.phy2log, new, ctx.cluster.world_size) if self.preserve else new
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """The evidence test of one candidate move (module docstring); every field JSON-able."""
+
+    ratio: float  # r: the candidate's time over the plan in force's on the newest window's micro-batches
+    lo: float  # paired 95% interval of r
+    hi: float
+    gain_per_step_s: float  # (1 - r) T / s
+    gain_lo_per_step_s: float  # G_lo = (1 - hi) T / s
+    horizon_gain_lo_s: float  # G_lo x horizon_steps
+    cost_s: float  # C: migration seconds
+    bytes: float  # migration bytes over links
+    moves: bool  # horizon_gain_lo_s > margin x cost_s and > 0
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def gain_evidence(obs: Observation, current: np.ndarray, scored: np.ndarray, deploy: np.ndarray, ctx: Context,
+                  horizon_steps: int, margin: float, scored_mb: np.ndarray | None = None) -> Evidence:
+    """The evidence test (module docstring): ``scored`` (int [L, P], built without the newest window) is compared
+    with ``current`` on the newest window's micro-batches; the move priced is ``current`` -> ``deploy`` (the same
+    construction on the load with the newest window). ``scored_mb``: float [B, L] the scored placement's predicted
+    times when already replayed (else ``obs.predict_mb(scored)``)."""
+    import numpy as np
+
+    from moeplace.intervals import paired_ratio_ci
+    from moeplace.operate.migration import migration_plan
+
+    cur_b = obs.layer_time_mb.sum(1)
+    new_b = (obs.predict_mb(scored) if scored_mb is None else scored_mb).sum(1)
+    mig = migration_plan(current, deploy, ctx.cluster, ctx.expert_bytes)
+    T, s = float(cur_b.sum()), max(obs.steps, 1)
+    if T <= 0 or np.array_equal(deploy, current):
+        return Evidence(1.0, 1.0, 1.0, 0.0, 0.0, 0.0, mig.seconds, mig.bytes, False)
+    ci = paired_ratio_ci(new_b, cur_b, seed=int(obs.window))
+    lo_gain = (1.0 - ci.hi) * T / s
+    over = lo_gain * horizon_steps
+    return Evidence(ci.ratio, ci.lo, ci.hi, (1.0 - ci.ratio) * T / s, lo_gain, over, mig.seconds, mig.bytes,
+                    bool(over > 0 and over > margin * mig.seconds))
+
+
 @dataclass
 class Threshold(Policy):
     name: str = "threshold"
-    threshold: float = 0.5  # rebalance when the window's balancedness is below this
+    threshold: float = 0.5  # consider a rebalance when the window's balancedness is below this
+    horizon_steps: int = SGLANG_REBALANCE_STEPS  # steps a change is expected to pay back over
+    margin: float = 1.0  # move only when the gain's lower bound over the horizon > margin x migration time
+    last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
 
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
-        return eplb_map(obs.load, ctx) if obs.balancedness < self.threshold else None
+        self.last = {"window": obs.window}
+        if obs.balancedness >= self.threshold:
+            return None
+        if state.load_before is None:
+            self.last["reason"] = "no earlier window to build a candidate from"
+            return None
+        new = eplb_map(obs.load, ctx)
+        ev = gain_evidence(obs, state.phy2log, eplb_map(state.load_before, ctx), new, ctx, self.horizon_steps,
+                           self.margin)
+        self.last.update(evidence=ev.to_json(), reason="the gain's lower bound pays" if ev.moves else
+                         "the gain's lower bound does not pay for the migration")
+        return new if ev.moves else None
 
 
 def replicate_first(current: np.ndarray, load: np.ndarray, num_gpus: int) -> np.ndarray:
@@ -202,46 +278,72 @@ def _make_room(row: np.ndarray, gpu: np.ndarray, free: list[int], e: int, gl: np
 class MoePlace(Policy):
     name: str = "moeplace"
     horizon_steps: int = SGLANG_REBALANCE_STEPS  # steps a change is expected to pay back over
-    margin: float = 2.0  # change a layer only when predicted gain >= margin x migration time
+    margin: float = 1.0  # move only when the gain's lower bound over the horizon > margin x migration time
     chunk_layers: int = 0  # layers changed per decision at most (0: a quarter of the layers, at least 1)
     last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
 
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
         import numpy as np
 
-        from moeplace.operate.migration import match_gpus, migration_plan
+        from moeplace.operate.migration import migration_plan
 
+        self.last = {"window": obs.window, "layers": []}
+        if state.ema_before is None:
+            self.last["reason"] = "no earlier window to build a candidate from"
+            return None
         cur = state.phy2log
         L = cur.shape[0]
-        W = ctx.cluster.world_size
-        load = state.ema_load if state.ema_load is not None else obs.load
-        cands = {"replicate": replicate_first(cur, load, W), "replace": match_gpus(cur, eplb_map(load, ctx), W)}
+        scored = self.candidates(cur, state.ema_before, ctx)  # built without the newest window: scored on it
+        deploy = self.candidates(cur, state.ema_load, ctx)  # the same construction with it: what would move
         scale = self.horizon_steps / max(obs.steps, 1)
         best_net = np.zeros(L)
         best = np.full(L, "", dtype=object)
-        for name, cand in cands.items():
-            changed = (cand != cur).any(1)
+        mb = {}  # candidate -> float [B, L] on the newest window
+        for name, cand in scored.items():
+            changed = (cand != cur).any(1) & (deploy[name] != cur).any(1)
             if not changed.any():
                 continue
-            t = obs.predict(np.where(changed[:, None], cand, cur))
+            mb[name] = obs.predict_mb(np.where(changed[:, None], cand, cur))
+            gain = (obs.layer_time_mb - mb[name]).sum(0) * scale  # [L]
             for li in np.flatnonzero(changed).tolist():
-                gain = (obs.layer_time[li] - t[li]) * scale
-                cost = migration_plan(cur[li:li + 1], cand[li:li + 1], ctx.cluster, ctx.expert_bytes).seconds
-                net = gain - cost
-                if gain >= self.margin * cost and gain > 0 and net > best_net[li]:
+                cost = migration_plan(cur[li:li + 1], deploy[name][li:li + 1], ctx.cluster, ctx.expert_bytes).seconds
+                net = gain[li] - cost
+                if gain[li] > 0 and net > best_net[li]:
                     best_net[li], best[li] = net, name
-        chosen = [li for li in np.argsort(-best_net, kind="stable").tolist() if best[li]]
-        chunk = self.chunk_layers or max(1, L // 4)
-        chosen = chosen[:chunk]
+        order = [li for li in np.argsort(-best_net, kind="stable").tolist() if best[li]]
+        order = order[:self.chunk_layers or max(1, L // 4)]
+        chosen: list[int] = []
+        ev = None
+        for k in range(len(order), 0, -1):  # every prefix, longest first; keep the largest bound net of cost
+            layers = order[:k]
+            sc, new, sc_mb = cur.copy(), cur.copy(), obs.layer_time_mb.copy()
+            for li in layers:
+                sc[li], new[li] = scored[best[li]][li], deploy[best[li]][li]
+                sc_mb[:, li] = mb[best[li]][:, li]
+            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb)
+            if e.moves and (ev is None or e.horizon_gain_lo_s - e.cost_s > ev.horizon_gain_lo_s - ev.cost_s):
+                chosen, ev = layers, e
         self.last = {"window": obs.window, "layers": sorted(chosen),
                      "candidates": {str(li): str(best[li]) for li in chosen},
-                     "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0}
+                     "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0,
+                     "considered_layers": len(order), "evidence": ev.to_json() if ev else None,
+                     "reason": "the gain's lower bound pays" if chosen else
+                     ("no layer gains on the newest window" if not order else
+                      "the gain's lower bound does not pay for the migration")}
         if not chosen:
             return None
         new = cur.copy()
         for li in chosen:
-            new[li] = cands[best[li]][li]
+            new[li] = deploy[best[li]][li]
         return new
+
+    @staticmethod
+    def candidates(cur: np.ndarray, load: np.ndarray, ctx: Context) -> dict[str, np.ndarray]:
+        """int [L, P] per candidate: replicate first and re-place (EPLB matched to ``cur``), from ``load`` [L, E]."""
+        from moeplace.operate.migration import match_gpus
+
+        W = ctx.cluster.world_size
+        return {"replicate": replicate_first(cur, load, W), "replace": match_gpus(cur, eplb_map(load, ctx), W)}
 
 
 @dataclass(frozen=True)
@@ -257,6 +359,10 @@ class PolicySpec:
 
 PERIOD_STEPS = Param("period_steps", int, SGLANG_REBALANCE_STEPS, "steps between rebalances (SGLang's default)",
                      1, 1 << 40)
+THRESHOLD = Param("threshold", float, 0.5, "balancedness below which to consider a rebalance", 0, 1, lo_open=True)
+HORIZON_STEPS = Param("horizon_steps", int, SGLANG_REBALANCE_STEPS, "steps a change must pay back over", 1, 1 << 40)
+MARGIN = Param("margin", float, 1.0, "move only when the lower confidence bound of the gain over the horizon > "
+               "margin x migration time", 0, 1e6)
 _ALL = (
     PolicySpec("static", "never change the initial linear placement", Policy),
     PolicySpec("static-eplb", "EPLB from the first window, once", StaticEplb),
@@ -264,13 +370,11 @@ _ALL = (
                (("preserve", False),)),
     PolicySpec("periodic-preserve", "periodic EPLB, experts staying on a GPU keep their slots (vLLM)", Periodic,
                (PERIOD_STEPS,), (("preserve", True),)),
-    PolicySpec("threshold", "EPLB when the window's balancedness falls below threshold", Threshold,
-               (Param("threshold", float, 0.5, "balancedness below which to rebalance", 0, 1, lo_open=True),)),
-    PolicySpec("moeplace", "ours: predicted gain minus migration cost, replicate first, minimal moves, layer chunks",
-               MoePlace,
-               (Param("horizon_steps", int, SGLANG_REBALANCE_STEPS, "steps a change must pay back over", 1, 1 << 40),
-                Param("margin", float, 2.0, "change a layer only when predicted gain >= margin x migration time",
-                      0, 1e6),
+    PolicySpec("threshold", "EPLB when the window's balancedness falls below threshold and the gain's lower bound "
+               "pays for the move", Threshold, (THRESHOLD, HORIZON_STEPS, MARGIN)),
+    PolicySpec("moeplace", "ours: replicate first, minimal moves, layer chunks; moves when the gain's lower bound "
+               "pays", MoePlace,
+               (HORIZON_STEPS, MARGIN,
                 Param("chunk_layers", int, 0, "layers changed per decision at most (0: a quarter of the layers)",
                       0, 1 << 20))),
 )
