@@ -46,34 +46,51 @@ def balanced_packing(weight: np.ndarray, num_packs: int, key: np.ndarray | None 
     if per == 1 and key is None:
         ar = np.broadcast_to(np.arange(n), (X, n)).copy()
         return ar, np.zeros((X, n), np.int64)
-    rows = np.arange(X)
     order = np.argsort(-weight, axis=1, kind="stable")  # [X, n]
     pack = np.full((X, n), -1, np.int64)
     rank = np.full((X, n), -1, np.int64)
-    pw = np.zeros((X, num_packs))
-    pn = np.zeros((X, num_packs), np.int64)
-    has = None
     if key is not None:
         key = np.asarray(key, np.int64)
-        has = np.zeros((X, num_packs, int(key.max()) + 1), bool)
-    for j in range(n):
-        item = order[:, j]
-        cost = np.where(pn < per, pw, np.inf)
-        if has is not None:
-            k = key[rows, item]
-            free = np.where(has[rows, :, k], np.inf, cost)
-            stuck = np.isinf(free.min(axis=1))
-            cost = np.where(stuck[:, None], cost, free)  # stuck rows: any pack with room, repaired below
-        p = np.argmin(cost, axis=1)
-        pack[rows, item] = p
-        rank[rows, item] = pn[rows, p]
-        pw[rows, p] += weight[rows, item]
-        pn[rows, p] += 1
-        if has is not None:
-            has[rows, p, k] = True
+    kk = np.zeros((X, n), np.int64) if key is None else np.ascontiguousarray(key)
+    _pack_rows(np.ascontiguousarray(weight), order, kk, key is not None, num_packs, per, pack, rank)
     if key is not None:
         _repair_duplicates(weight, key, pack, rank)
     return pack, rank
+
+
+@njit(cache=True)
+def _pack_rows(weight, order, key, use_key, num_packs, per, pack, rank):
+    """The greedy of :func:`balanced_packing` on every row; pack, rank filled in place. Per row, items in ``order``
+    each go to the lightest pack with room that does not hold their key (lowest index on ties); when every pack
+    with room holds it, to the lightest pack with room (the caller repairs those rows)."""
+    X, n = weight.shape
+    nk = np.int64(1)
+    if use_key:
+        for x in range(X):
+            for i in range(n):
+                nk = max(nk, key[x, i] + 1)
+    for x in range(X):
+        pw = np.zeros(num_packs)
+        pn = np.zeros(num_packs, np.int64)
+        has = np.zeros((num_packs, nk), np.bool_)
+        for j in range(n):
+            item = order[x, j]
+            k = key[x, item]
+            best, best_free = -1, -1
+            for q in range(num_packs):
+                if pn[q] >= per:
+                    continue
+                if best < 0 or pw[q] < pw[best]:
+                    best = q
+                if use_key and not has[q, k] and (best_free < 0 or pw[q] < pw[best_free]):
+                    best_free = q
+            q = best_free if use_key and best_free >= 0 else best
+            pack[x, item] = q
+            rank[x, item] = pn[q]
+            pw[q] += weight[x, item]
+            pn[q] += 1
+            if use_key:
+                has[q, k] = True
 
 
 @njit(cache=True)
@@ -216,12 +233,14 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
 
 
 def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
-                           num_gpus: int, refine: bool = True) -> np.ndarray:
+                           num_gpus: int, refine: bool = True, max_replicas: int | None = None) -> np.ndarray:
     """EPLB's hierarchical policy. load: float [L, E]. Returns phy2log int [L, P] (P = num_slots).
 
     Expert groups (``num_groups`` contiguous blocks of E / num_groups experts) are packed onto nodes, experts are
     replicated inside each node, and each node's physical experts are packed onto its GPUs; ``refine`` follows
     that last, greedy packing with :func:`refine_packing` (never a heavier GPU; off: EPLB's answer exactly).
+    ``max_replicas``: replicas of one expert at most (None: the GPUs of a node, so that no two share a GPU; a
+    lower cap spreads the redundant slots over more experts).
     """
     load = np.asarray(load, np.float64)
     L, E = load.shape
@@ -230,6 +249,10 @@ def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, nu
         raise ValueError(f"hierarchical EPLB: need E={E} divisible by groups={num_groups}, groups by nodes={N}, "
                          f"GPUs={W} by nodes and slots={P} by GPUs")
     gsize, G, S = E // num_groups, W // N, P // W
+    cap = G if max_replicas is None else int(max_replicas)
+    if not 1 <= cap <= G:
+        raise ValueError(f"EPLB: max_replicas must be in [1, {G}] (GPUs per node: two replicas of one expert never "
+                         f"share a GPU), got {max_replicas}")
     en, pn = E // N, P // N  # logical experts and slots per node
     # 1. groups -> nodes
     group_load = load.reshape(L, num_groups, gsize).sum(axis=2)
@@ -241,7 +264,7 @@ def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, nu
     m2log = _inverse(log2m)
     # 2. replicate inside each node: rows are (layer, node)
     w_m = np.take_along_axis(load, m2log, axis=1).reshape(L * N, en)
-    phy2m, _, mcnt = replicate_experts(w_m, pn, max_replicas=G)
+    phy2m, _, mcnt = replicate_experts(w_m, pn, max_replicas=cap)
     # 3. pack each node's physical experts onto its G GPUs
     w_phy = np.take_along_axis(w_m / mcnt, phy2m, axis=1)
     pack, rank = balanced_packing(w_phy, G, key=phy2m)
@@ -255,19 +278,20 @@ def rebalance_hierarchical(load: np.ndarray, num_slots: int, num_groups: int, nu
 
 
 def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int, num_gpus: int,
-              refine: bool = True) -> np.ndarray:
+              refine: bool = True, max_replicas: int | None = None) -> np.ndarray:
     """EPLB entry point: hierarchical policy when ``num_groups % num_nodes == 0``, else the global policy.
 
     load: float [L, E] per-expert load; returns phy2log int [L, P] with P = num_slots (a multiple of num_gpus).
-    refine: swap local search after the greedy GPU packing (:func:`refine_packing`; never worse).
+    refine: swap local search after the greedy GPU packing (:func:`refine_packing`; never worse on the load it
+    plans from). max_replicas: replicas of one expert at most (None: the GPUs it may spread over).
     """
     load = np.asarray(load, np.float64)
     if load.ndim != 2:
         raise ValueError(f"load: expected shape [L, E], got {load.shape}")
     E = load.shape[1]
     if num_groups >= 1 and num_groups % num_nodes == 0 and E % num_groups == 0:
-        return rebalance_hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, refine)
-    return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus, refine)
+        return rebalance_hierarchical(load, num_slots, num_groups, num_nodes, num_gpus, refine, max_replicas)
+    return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus, refine, max_replicas)
 
 
 def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1) -> StrategyResult:

@@ -1,0 +1,268 @@
+"""EPLB chosen for the next window: plan on one window's load, score balancedness on the next window's, for the
+published algorithm, moeplace's twin-free greedy, its packing refinement, and replica caps; plus plan time at
+DeepSeek-V3 scale.
+
+Usage:
+  python bench/eplb_next_window.py [--windows 8] [--repeats 10] [--json PATH]
+
+Variants (each gets the load [L, E] of the planning window):
+- ``published``: DeepSeek's EPLB as vLLM and SGLang ship it (bench/eplb_torch.py, which reproduces the placement
+  of EPLB's README): greedy replication and packing, two replicas of one expert may share a GPU.
+- ``greedy``: ``moeplace.plan.eplb.rebalance(refine=False)``: the same greedy, twin-free (a replica never joins a
+  GPU that holds the expert; replicas per expert capped at the GPUs it can spread over).
+- ``refined``: ``refine=True``: the greedy GPU packing followed by the swap local search ``refine_packing``.
+- ``greedy-capC`` / ``refined-capC``: the same with at most C replicas per expert (``max_replicas=C``), for the
+  caps C in (2, 4) that the slots allow (E x C >= slots) below the default cap.
+
+Balancedness = mean over layers of mean_g / max_g GPU load with each expert's load split evenly over its replicas
+(EPLB's own model, SGLang's metric: ``moeplace.plan.base.ideal_gpu_load``). *Next window*: planned on window k,
+scored on window k + 1; *same window*: scored on window k. A ratio to ``published`` is sum(variant) / sum(published)
+over the pairs with a paired 95% interval (``common.paired_ci``, i.e. ``moeplace.intervals.paired_ratio_ci``;
+pooled: cells (dataset x cluster x policy) as the outer level, pairs inside).
+
+Datasets (everything at hand):
+- the bundled traces ``src/moeplace/data/*.trace`` (the project's reference models' routing and the gpt-oss-20b
+  sample): the request table cut into ``--windows`` equal windows of consecutive requests, in the recorded order
+  and in a seeded shuffle (seed 0: a stationary stream); a window's load = expert selections of all its token rows;
+- ``../shared/data/gpt-oss-20b`` (decode routing of 528 generations, recorded order = grouped by dataset, and
+  shuffled), when present;
+- ``../shared/data/olmoe-mixtral`` (OLMoE-1B-7B and Mixtral-8x7B per-domain expert counts at 3 layers), when
+  present: consecutive domains in file order form the pairs (a change of domain, not of time);
+- DeepSeek-V3 load data: looked for under ../shared/data (``found`` in the result says what was there).
+
+Clusters per expert count (nodes x GPUs, redundant slots): E = 8: 2x2 R=4; E = 32: 2x4 R=8 and 4x2 R=8; E = 64:
+2x4 R=16 and 4x8 R=32; E = 256: 4x8 R=32 (DeepSeek-V3's 288 slots). Policies: global (1 group) and hierarchical
+(8 groups, when E is a multiple of 8).
+
+Plan time: DeepSeek-V3 shape (58 x 256, 288 slots, 4 x 8), Pareto(1.5) x 1000 load (seed 0, SYNTHETIC, as
+bench/eplb_speed.py), median of ``--repeats`` calls after one warm-up, per variant and policy.
+Writes bench/results/eplb_next_window.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import REPO, BenchRun, median, paired_ci
+from eplb_torch import rebalance as rebalance_torch
+
+from moeplace.plan.base import ideal_gpu_load
+from moeplace.plan.eplb import rebalance
+from moeplace.simulate.routing import mean_balancedness
+from moeplace.trace import read_trace
+
+DATA = REPO / "src" / "moeplace" / "data"
+SHARED = REPO.parent / "shared" / "data"
+CLUSTERS = {8: ((2, 2, 4),), 32: ((2, 4, 8), (4, 2, 8)), 64: ((2, 4, 16), (4, 8, 32)), 256: ((4, 8, 32),)}
+CAPS = (2, 4)
+DS_SHAPE = (58, 256, 288, 32, 4)  # L, E, P, W, N
+
+
+@dataclass
+class Dataset:
+    name: str
+    what: str  # how the windows were formed
+    loads: np.ndarray  # float64 [K, L, E]: one load per window, in order
+
+
+def layer_counts(ids: np.ndarray, E: int) -> np.ndarray:
+    """float [L, E]: expert selections per layer. ids: int [T, L, k]."""
+    L = ids.shape[1]
+    return np.stack([np.bincount(ids[:, li].ravel(), minlength=E) for li in range(L)]).astype(np.float64)
+
+
+def cut(groups: list[np.ndarray], rows_of, E: int, K: int) -> np.ndarray:
+    """[K, L, E]: the groups (request units, in order) cut into K windows of equal count, each window's load."""
+    bounds = np.linspace(0, len(groups), K + 1).round().astype(int)
+    return np.stack([layer_counts(rows_of(np.concatenate(groups[a:b])), E)
+                     for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+
+def trace_datasets(path: Path, K: int) -> list[Dataset]:
+    t = read_trace(path)
+    if t.tokens is None:
+        return []
+    E = t.meta.num_experts
+    ids = t.tokens.expert_ids.astype(np.int64)
+    order = np.argsort(t.tokens.request_id, kind="stable")
+    rid_sorted = t.tokens.request_id[order]
+    req = t.requests.request_id
+    lo = np.searchsorted(rid_sorted, req, "left")
+    hi = np.searchsorted(rid_sorted, req, "right")
+    groups = [order[a:b] for a, b in zip(lo, hi, strict=True)]  # token rows of each request, request-table order
+    out = []
+    for what, perm in (("recorded order", np.arange(len(groups))),
+                       ("seeded shuffle (seed 0)", np.random.default_rng(0).permutation(len(groups)))):
+        g = [groups[i] for i in perm]
+        out.append(Dataset(f"{path.name} ({what})", f"{len(req)} requests of {t.meta.model} ({what}) in {K} "
+                           "windows of consecutive requests", cut(g, lambda r: ids[r], E, K)))
+    return out
+
+
+def gpt_oss_datasets(K: int) -> list[Dataset]:
+    f = SHARED / "gpt-oss-20b" / "decode_routing.npz"
+    if not f.exists():
+        return []
+    z = np.load(f, allow_pickle=False)
+    ids, off = z["expert_ids"].astype(np.int64), z["example_offsets"]
+    groups = [np.arange(a, b) for a, b in zip(off[:-1], off[1:], strict=True)]
+    out = []
+    for what, perm in (("recorded order, grouped by dataset", np.arange(len(groups))),
+                       ("seeded shuffle (seed 0)", np.random.default_rng(0).permutation(len(groups)))):
+        g = [groups[i] for i in perm]
+        out.append(Dataset(f"shared gpt-oss-20b ({what.split(',')[0]})",
+                           f"{len(groups)} gpt-oss-20b decode generations ({what}) in {K} windows",
+                           cut(g, lambda r: ids[r], 32, K)))
+    return out
+
+
+def olmoe_datasets() -> list[Dataset]:
+    out = []
+    for model in ("olmoe", "mistral"):
+        f = SHARED / "olmoe-mixtral" / f"{model}.npz"
+        if not f.exists():
+            continue
+        z = np.load(f, allow_pickle=False)
+        doms = sorted(k.split("__", 1)[1] for k in z.files if k.startswith("expert_counts__"))
+        loads = np.stack([z[f"expert_counts__{d}"].astype(np.float64) for d in doms])
+        out.append(Dataset(f"shared {model} domains", f"{model} per-domain expert counts at layers 0/7/15, domains "
+                           f"in file order {' -> '.join(doms)} (a change of domain, not of time)", loads))
+    return out
+
+
+def deepseek_search() -> list[str]:
+    """Files under ../shared/data whose path mentions DeepSeek (the SGLang reproduction's load data)."""
+    if not SHARED.exists():
+        return []
+    return sorted(str(p.relative_to(SHARED)) for p in SHARED.rglob("*") if "deepseek" in str(p).lower())
+
+
+def variants(E: int, P: int, W: int, N: int, groups: int) -> dict[str, object]:
+    """name -> fn(load [L, E]) -> phy2log [L, P]."""
+    G = W // N if groups > 1 else W  # the GPUs one expert's replicas may spread over
+    out = {"published": lambda x: rebalance_torch(torch.from_numpy(x), P, groups, N, W).numpy(),
+           "greedy": lambda x: rebalance(x, P, groups, N, W, refine=False),
+           "refined": lambda x: rebalance(x, P, groups, N, W, refine=True)}
+    for c in CAPS:
+        if E * c >= P and c < G:
+            out[f"greedy-cap{c}"] = lambda x, c=c: rebalance(x, P, groups, N, W, refine=False, max_replicas=c)
+            out[f"refined-cap{c}"] = lambda x, c=c: rebalance(x, P, groups, N, W, refine=True, max_replicas=c)
+    return out
+
+
+def score(p2l: np.ndarray, load: np.ndarray, W: int) -> float:
+    return mean_balancedness(ideal_gpu_load(p2l, load, W))
+
+
+def run_cell(ds: Dataset, nodes: int, gpus: int, R: int, groups: int) -> dict:
+    K, L, E = ds.loads.shape
+    W, P = nodes * gpus, E + R
+    fns = variants(E, P, W, nodes, groups)
+    nxt = {v: [] for v in fns}
+    same = {v: [] for v in fns}
+    for k in range(K - 1):
+        for v, fn in fns.items():
+            p2l = np.asarray(fn(ds.loads[k]), np.int64)
+            nxt[v].append(score(p2l, ds.loads[k + 1], W))
+            same[v].append(score(p2l, ds.loads[k], W))
+    pub = np.array(nxt["published"])
+    res = {}
+    for v in fns:
+        n = np.array(nxt[v])
+        res[v] = {"next_window": float(n.mean()), "same_window": float(np.mean(same[v])),
+                  "next_per_pair": n.tolist(), "same_per_pair": [float(x) for x in same[v]],
+                  "next_vs_published": paired_ci(n, pub),
+                  "pairs_at_least_published": int((n >= pub - 1e-12).sum()),
+                  "worst_pair_minus_published": float((n - pub).min())}
+    return {"dataset": ds.name, "cluster": f"{nodes}x{gpus}", "redundant": R, "slots": P,
+            "policy": "hierarchical" if groups > 1 else "global", "num_groups": groups, "pairs": K - 1,
+            "variants": res}
+
+
+def plan_times(repeats: int) -> dict:
+    L, E, P, W, N = DS_SHAPE
+    load = np.random.default_rng(0).pareto(1.5, (L, E)) * 1000
+    out = {}
+    for policy, groups in (("hierarchical", 8), ("global", 1)):
+        row = {}
+        for v, fn in variants(E, P, W, N, groups).items():
+            fn(load)  # warm-up (numba compiles the refinement once)
+            ts = []
+            for _ in range(3 if v == "published" else repeats):
+                t = time.perf_counter()
+                fn(load)
+                ts.append(time.perf_counter() - t)
+            row[v] = {"median_ms": median(ts) * 1e3, "min_ms": min(ts) * 1e3, "calls": len(ts)}
+        out[policy] = row
+    return out
+
+
+def pooled(cells: list[dict], name: str) -> dict:
+    have = [c for c in cells if name in c["variants"]]
+    plan = [np.array(c["variants"][name]["next_per_pair"]) for c in have]
+    base = [np.array(c["variants"]["published"]["next_per_pair"]) for c in have]
+    same_p = [np.array(c["variants"][name]["same_per_pair"]) for c in have]
+    same_b = [np.array(c["variants"]["published"]["same_per_pair"]) for c in have]
+    diffs = np.concatenate([p - b for p, b in zip(plan, base, strict=True)])
+    return {"cells": len(have), "pairs": int(sum(len(p) for p in plan)),
+            "next_vs_published": paired_ci(plan, base), "same_vs_published": paired_ci(same_p, same_b),
+            "pairs_at_least_published": int((diffs >= -1e-12).sum()),
+            "worst_pair_minus_published": float(diffs.min()),
+            "mean_next_window": float(np.mean(np.concatenate(plan)))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", type=int, default=8, help="windows per trace (pairs = windows - 1)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per variant at DeepSeek-V3 scale")
+    ap.add_argument("--json", help="write here instead of bench/results/eplb_next_window.json")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    run = BenchRun("eplb_next_window", baseline="DeepSeek's EPLB as vLLM/SGLang ship it (bench/eplb_torch.py)")
+    datasets: list[Dataset] = []
+    for p in sorted(DATA.glob("*.trace")):
+        datasets += trace_datasets(p, args.windows)
+    datasets += gpt_oss_datasets(args.windows) + olmoe_datasets()
+    cells = []
+    for ds in datasets:
+        E = ds.loads.shape[2]
+        for nodes, gpus, R in CLUSTERS.get(E, ()):
+            for groups in (1, 8):
+                if groups > 1 and (E % groups or groups % nodes):
+                    continue
+                c = run_cell(ds, nodes, gpus, R, groups)
+                cells.append(c)
+                v = c["variants"]
+                print(f"{ds.name:58s} {c['cluster']:>4s} R={R:<3d} {c['policy']:12s} next: published "
+                      f"{v['published']['next_window']:.4f} greedy {v['greedy']['next_window']:.4f} refined "
+                      f"{v['refined']['next_window']:.4f}   same: greedy {v['greedy']['same_window']:.4f} "
+                      f"refined {v['refined']['same_window']:.4f}", flush=True)
+    names = sorted({v for c in cells for v in c["variants"]} - {"published"})
+    summary = {v: pooled(cells, v) for v in names}
+    times = plan_times(args.repeats)
+    for v, s in summary.items():
+        ci = s["next_vs_published"]
+        print(f"pooled {v:15s} next/published {ci['ratio']:.5f} [{ci['ci95'][0]:.5f}, {ci['ci95'][1]:.5f}] over "
+              f"{s['pairs']} pairs; >= published on {s['pairs_at_least_published']}; worst "
+              f"{s['worst_pair_minus_published']:+.5f}")
+    for pol, row in times.items():
+        print(pol, {v: round(r["median_ms"], 1) for v, r in row.items()})
+    body = {"params": {"windows": args.windows, "repeats": args.repeats, "clusters": {str(k): v for k, v in
+                                                                                      CLUSTERS.items()},
+                       "caps": list(CAPS), "deepseek_v3_shape": dict(zip("L E P W N".split(), DS_SHAPE, strict=True)),
+                       "plan_time_load": "pareto(1.5) x 1000, seed 0 (SYNTHETIC)", "torch_threads": 1},
+            "datasets": [{"name": d.name, "what": d.what, "windows": int(d.loads.shape[0]),
+                          "layers": int(d.loads.shape[1]), "experts": int(d.loads.shape[2])} for d in datasets],
+            "deepseek_v3_load_data": {"searched": str(SHARED), "found": deepseek_search()},
+            "results": {"cells": cells, "pooled": summary, "plan_time_ms": times}}
+    run.write(body, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
