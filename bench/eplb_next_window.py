@@ -216,6 +216,31 @@ def pooled(cells: list[dict], name: str) -> dict:
             "mean_next_window": float(np.mean(np.concatenate(plan)))}
 
 
+def compare(cells: list[dict], a: str, b: str, policy: str | None = None) -> dict:
+    """Variant ``a`` against ``b`` on the cells that have both (and ``policy``, when given): the paired ratio of
+    next-window and of same-window balancedness, and the cells where ``a``'s mean is at least ``b``'s."""
+    have = [c for c in cells if a in c["variants"] and b in c["variants"] and policy in (None, c["policy"])]
+    out = {"cells": len(have)}
+    for key in ("next", "same"):
+        A = [np.array(c["variants"][a][f"{key}_per_pair"]) for c in have]
+        B = [np.array(c["variants"][b][f"{key}_per_pair"]) for c in have]
+        out[f"{key}_window"] = paired_ci(A, B)
+        out[f"{key}_cells_at_least"] = int(sum(x.mean() >= y.mean() - 1e-12 for x, y in zip(A, B, strict=True)))
+    return out
+
+
+def decide(comparisons: dict) -> dict:
+    """Defaults by next-window results: the refinement stays on only when it does not lower next-window
+    balancedness (pooled ratio >= 1); a replica cap becomes the default only when its interval lies above 1."""
+    ref = comparisons["refined_vs_greedy"]["next_window"]
+    caps = {k: v["next_window"] for k, v in comparisons.items() if "-cap" in k and k.startswith("refined")}
+    better = [k for k, v in caps.items() if v["ci95"][0] > 1.0]
+    return {"refine": bool(ref["ratio"] >= 1.0), "refine_next_window_ratio": ref,
+            "max_replicas": better[0] if better else None,
+            "rule": "refinement on iff it does not lower pooled next-window balancedness vs the twin-free greedy; "
+                    "a cap only when its next-window interval vs the uncapped variant lies above 1"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--windows", type=int, default=8, help="windows per trace (pairs = windows - 1)")
@@ -244,6 +269,20 @@ def main() -> int:
                       f"refined {v['refined']['same_window']:.4f}", flush=True)
     names = sorted({v for c in cells for v in c["variants"]} - {"published"})
     summary = {v: pooled(cells, v) for v in names}
+    comparisons = {"refined_vs_greedy": compare(cells, "refined", "greedy"),
+                   "greedy_vs_published": compare(cells, "greedy", "published"),
+                   "refined_vs_published": compare(cells, "refined", "published")}
+    for pol in ("global", "hierarchical"):
+        comparisons[f"refined_vs_greedy_{pol}"] = compare(cells, "refined", "greedy", pol)
+    for c in CAPS:
+        for base in ("greedy", "refined"):
+            comparisons[f"{base}-cap{c}_vs_{base}"] = compare(cells, f"{base}-cap{c}", base)
+    decision = decide(comparisons)
+    for k, v in comparisons.items():
+        n = v["next_window"]
+        print(f"{k:28s} next {n['ratio']:.5f} [{n['ci95'][0]:.5f}, {n['ci95'][1]:.5f}] same "
+              f"{v['same_window']['ratio']:.5f}; at least on {v['next_cells_at_least']}/{v['cells']} cells")
+    print("defaults:", {k: v for k, v in decision.items() if k in ("refine", "max_replicas")})
     times = plan_times(args.repeats)
     for v, s in summary.items():
         ci = s["next_vs_published"]
@@ -259,7 +298,8 @@ def main() -> int:
             "datasets": [{"name": d.name, "what": d.what, "windows": int(d.loads.shape[0]),
                           "layers": int(d.loads.shape[1]), "experts": int(d.loads.shape[2])} for d in datasets],
             "deepseek_v3_load_data": {"searched": str(SHARED), "found": deepseek_search()},
-            "results": {"cells": cells, "pooled": summary, "plan_time_ms": times}}
+            "results": {"cells": cells, "pooled": summary, "comparisons": comparisons, "defaults": decision,
+                        "plan_time_ms": times}}
     run.write(body, args.json)
     return 0
 

@@ -18,6 +18,7 @@ run() {
 run simulate_speed
 run analyse_speed
 run eplb_speed
+run eplb_next_window
 run joint_speed
 run capture_overhead
 run kernel_validation
