@@ -96,3 +96,21 @@ def test_the_default_baseline_is_kept_unless_another_is_faster_beyond_the_noise(
     d = decide({"decode": {"eplb/static": faster, "eplb/balanced": base}}, ["eplb/static", "eplb/balanced"],
                default="eplb/balanced")
     assert d["chosen"] == "eplb/static"
+
+
+def test_evidence_below_the_deployment_size_switches_nothing():
+    """A clear win and a faster baseline, both on shrunk micro-batches of the phase: the default baseline stays,
+    and the decision names the phase. The same evidence at deployment size deploys the candidate."""
+    rng = np.random.default_rng(3)
+    base = [10 + rng.standard_normal(12) for _ in range(2)]
+    times = {"prefill": {"eplb/static": [b * 0.95 for b in base], "eplb/balanced": base,
+                         "grouped/balanced": [b * 0.8 for b in base]}}
+    kw = {"default": "eplb/balanced"}
+    assert decide(times, ["eplb/static", "eplb/balanced"], **kw)["chosen"] == "grouped/balanced"
+    d = decide(times, ["eplb/static", "eplb/balanced"], undersized={"prefill"}, **kw)
+    assert d["deployed"] == "baseline" and d["chosen"] == "eplb/balanced"
+    assert d["undersized"] == ["prefill"] and "smaller than the deployment's" in d["reason"]
+    assert not d["candidates"]["grouped/balanced"]["prefill"]["eligible"]
+    # a phase that is not weighed does not count
+    d = decide(times, ["eplb/static", "eplb/balanced"], undersized={"decode"}, **kw)
+    assert d["chosen"] == "grouped/balanced"

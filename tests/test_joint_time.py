@@ -79,7 +79,9 @@ def test_joint_beats_the_best_eplb_on_new_requests_of_a_clustered_workload():
 
     work, new = clustered(2, n_req=128), clustered(3, n_req=128)
     cluster = Cluster(2, 2)
-    joint = make_plan("joint", work, cluster, 4, hidden_size=7168)  # default batching: every request at once
+    # a deployment of 128-token prefill chunks and 256-request decode windows: the planning folds fill both
+    joint = make_plan("joint", work, cluster, 4, hidden_size=7168, prefill_tokens=128)
+    assert joint.extra["decision"]["undersized"] == []
     assert joint.fallback is None and joint.extra["decision"]["deployed"] == "candidate"
     eplb = make_plan("eplb", work, cluster, 4)
     from moeplace.evaluate.windows import plan_grouper
@@ -88,7 +90,7 @@ def test_joint_beats_the_best_eplb_on_new_requests_of_a_clustered_workload():
     g = plan_grouper(joint)
     homes = g.assign_features(signal_features(new, np.arange(new.num_requests), feature_layers(3, 16)))
     rr = np.arange(new.num_requests) % 4
-    cost, b = CostConfig(hidden_size=7168), BatchConfig()
+    cost, b = CostConfig(hidden_size=7168), BatchConfig(prefill_tokens=128)
     req = np.arange(new.num_requests)
     t_joint = window_layer_time(new, req, homes, joint.placement.phy2log, cluster, cost, b, 0, joint.dispatch_rule)
     t_eplb = np.min([window_layer_time(new, req, rr, eplb.placement.phy2log, cluster, cost, b, 0, r).sum(1)
