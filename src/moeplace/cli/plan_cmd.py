@@ -152,7 +152,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from moeplace.cli.options import phase_deployments_from_args
     from moeplace.evaluate import format_table, run_compare
     from moeplace.evaluate.measure import format_phases
-    from moeplace.trace import read_trace
+    from moeplace.trace import TraceError, read_trace, read_trace_sample
 
     deps = phase_deployments_from_args(args)  # a profile: one deployment per phase (its own pool)
     dep = deployment_from_args(args) if deps is None else None
@@ -183,12 +183,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if engine is not None:
         measure["engine"] = engine
     try:
-        res = run_compare(read_trace(args.trace), None if dep is None else dep.cluster, R, names, args.holdout,
+        if args.sample_requests is None:
+            trace = read_trace(args.trace)
+        else:  # streamed: only the sample's rows are held
+            trace = read_trace_sample(args.trace, args.sample_requests, args.sample_seed)
+    except TraceError as e:
+        if "over the memory budget" in str(e) and args.sample_requests is None:
+            raise CliError(f"{e}; or compare a seeded sample of the requests, streamed: --sample-requests N") from None
+        raise
+    try:
+        res = run_compare(trace, None if dep is None else dep.cluster, R, names, args.holdout,
                           args.split, args.seed, args.prefix_tokens, params.pop("balance_floor", None), params,
                           progress=say, arrival=args.arrival, floors=floors, plot=args.plot, **scoring, **measure)
     finally:
         if engine is not None:
             engine.close()
+    if args.sample_requests is not None:
+        res["sample"] = {"requests": len(trace.requests), "seed": args.sample_seed}
     where = ", ".join(f"{ph} {d['cluster']} R={d['num_redundant']}" for ph, d in res["phase_deployments"].items())
     prof = f" (profile {res['profile']})" if res.get("profile") else ""
     print(f"{res['trace']} on {where}{prof}: planned on {res['planning_requests']} requests, scored on "
@@ -320,6 +331,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --profile: full micro-batches a phase must form to be scored (default 20)")
     m.add_argument("--allow-few", action="store_true",
                    help="with --profile: score a phase that forms fewer full micro-batches, every micro-batch of it")
+    m.add_argument("--sample-requests", type=int_in(1, 1 << 40), default=None, metavar="N",
+                   help="plan and score a seeded sample of N requests (in table order), streamed shard by shard "
+                        "so that only their rows are held: for traces larger than the memory budget (docs/SCALE.md)")
+    m.add_argument("--sample-seed", type=int_in(0, 2**32 - 1), default=0, help="seed of --sample-requests (default 0)")
     _common(c)
     add_engine_options(c)
     c.set_defaults(func=cmd_compare, check=_check_compare)
@@ -356,3 +371,5 @@ def _check_compare(args: argparse.Namespace) -> None:
                        "full); without one every micro-batch is scored")
     if args.plot and not args.sweep_floor:
         raise CliError("--plot draws the --sweep-floor frontier; give --sweep-floor too (e.g. 0.9,0.95)")
+    if args.sample_seed and args.sample_requests is None:
+        raise CliError("--sample-seed seeds --sample-requests; give --sample-requests N too")

@@ -503,6 +503,46 @@ def read_trace(path: str | os.PathLike, check_requests: bool = True, budget: int
     return Trace(meta, reqs, _concat_chunks(chunks, meta), None)
 
 
+def sample_request_ids(request_id: np.ndarray, num: int, seed: int = 0) -> np.ndarray:
+    """int64 [min(num, R)] a seeded subset of the request table's ids ``request_id`` (int [R]), in table order (the
+    table order is the arrival order the simulator batches by, so a sample keeps it)."""
+    rid = np.asarray(request_id, np.int64)
+    if num < 1:
+        raise TraceError(f"a request sample must hold at least 1 request, got {num}")
+    if num >= len(rid):
+        return rid.copy()
+    keep = np.sort(np.random.default_rng([int(seed), 0x5A]).choice(len(rid), size=int(num), replace=False))
+    return rid[keep]
+
+
+def read_trace_sample(path: str | os.PathLike, num_requests: int, seed: int = 0, check_requests: bool = True,
+                      budget: int | None = None) -> Trace:
+    """The rows of a seeded sample of ``num_requests`` requests (:func:`sample_request_ids`), streamed shard by
+    shard: what is held is the sample's rows, checked against the memory budget (counted by a first pass over the
+    light columns) before any routing is decoded, plus one chunk. For commands that need their windows in memory
+    (``compare``) on traces larger than it. A per-token trace only.
+    """
+    p = _trace_dir(path)
+    meta = read_meta(p, budget)
+    _require_tokens(meta, p, "sampling requests")
+    reqs = _read_requests(p, shard_files(p, meta), meta, budget)
+    keep = sample_request_ids(reqs.request_id, num_requests, seed)
+    rows = 0
+    for rid, _, _ in iter_light_columns(p, check_requests=check_requests, budget=budget):
+        rows += int(np.isin(rid, keep).sum())
+    check_memory(rows * _row_bytes("tokens", meta), f"the {len(keep)} sampled requests ({rows} token rows)", p,
+                 budget)
+    chunks = []
+    step = max(1, min(1 << 16, rows))  # a chunk is never more than the sample itself
+    for c in iter_token_chunks(p, chunk_tokens=step, check_requests=check_requests, budget=budget):
+        m = np.isin(c.request_id, keep)
+        if m.any():
+            chunks.append(c.select(m))
+    sel = np.isin(reqs.request_id, keep)
+    sub = Requests(reqs.request_id[sel], reqs.domain[sel], reqs.source[sel], reqs.prompt_len[sel], reqs.gen_len[sel])
+    return Trace(meta, sub, _concat_chunks(chunks, meta), None)
+
+
 def trace_info(path: str | os.PathLike, budget: int | None = None) -> dict:
     """Summary of a trace without loading its routing: the keys of ``moeplace trace info --json``."""
     p = _trace_dir(path)
