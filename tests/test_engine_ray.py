@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from fault.harness import SRC, assert_clean_failure, run_cli
 
@@ -46,6 +47,47 @@ def test_cluster_has_two_worker_processes(engine):
     out = list(engine.map(_pid, range(6)))
     assert [x for _, x in out] == list(range(6))  # in item order
     assert len({p for p, _ in out}) >= 2 and os.getpid() not in {p for p, _ in out}
+
+
+def _arrays(x, path="result"):
+    """(path, ndarray) of every numpy array reachable in ``x`` (containers, dataclasses, plain objects)."""
+    if isinstance(x, np.ndarray):
+        yield path, x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _arrays(v, f"{path}[{k!r}]")
+    elif isinstance(x, list | tuple):
+        for i, v in enumerate(x):
+            yield from _arrays(v, f"{path}[{i}]")
+    elif hasattr(x, "__dict__"):
+        for k, v in vars(x).items():
+            yield from _arrays(v, f"{path}.{k}")
+
+
+def _store_like(i: int) -> dict:
+    return {"big": np.full(1 << 20, i, np.int64), "small": [np.arange(58.0) + i]}
+
+
+def test_results_own_their_arrays(engine):
+    """The driver keeps pieces of results (drift values, micro-batch metrics): each must be its own memory, not a
+    read-only view that pins the task's whole result in the object store (the Ray analyze driver grew with the
+    trace, docs/SCALE.md). ray.get alone returns such views: checked first, so the test can tell."""
+    raw = ray.get(ray.remote(_store_like).remote(3))
+    assert not raw["small"][0].flags.writeable  # what Ray hands back: a view of the stored object
+    out = list(engine.map(_store_like, range(3)))
+    assert [int(o["big"][0]) for o in out] == [0, 1, 2]
+    from moeplace.analyse.shards import ShardTask, analyse_shard
+    from moeplace.analyse.summary import token_labels
+    from moeplace.trace import read_meta, read_requests
+
+    meta = read_meta(FG)
+    params = {"window_tokens": 256, "chunk_tokens": 4096, "max_request_bytes": 1 << 20, "seed": 0}
+    labels = token_labels(meta, read_requests(FG), params)
+    parts = list(engine.map(analyse_shard, [ShardTask(str(FG), i, 0) for i in range(2)], meta, labels, params))
+    found = [*_arrays(out), *_arrays(parts)]
+    assert any(".acc.drift_js" in p for p, _ in found) and any(".edges.tail_ids" in p for p, _ in found)
+    views = [p for p, a in found if not (a.flags.writeable and a.flags.owndata)]
+    assert not views, f"results hold views of the object store: {views[:5]}"
 
 
 def test_analyze_on_ray_is_byte_identical(engine, fg_local):

@@ -10,7 +10,11 @@ comes back itself, exactly, in item order; it does not know which engine ran the
   cluster it starts with ``num_cpus`` workers. ``shared`` arguments are put in the object store once.
 
 Results come back in item order with at most ``window`` calls in flight, so a driver that reduces as it goes holds
-a bounded number of partial results. Ray is imported only when a :class:`RayEngine` is made (the CLI starts fast).
+a bounded number of partial results. A Ray result is a copy the caller owns: ``ray.get`` hands back numpy arrays
+that are read-only views of the task's whole object in the object store, and a reducer that keeps any one of them
+(a [L] drift value, a micro-batch's metrics) would keep the whole result (its counters, its rows) pinned in the
+store and mapped into the driver, so the driver grew with the number of tasks (docs/SCALE.md). Ray is imported only
+when a :class:`RayEngine` is made (the CLI starts fast).
 
 Test hook: ``MOEPLACE_ENGINE_KILL_ONCE=FILE`` makes the first call that finds FILE absent create it and kill its
 own worker process (SIGKILL), so tests can check that a worker killed mid-run is retried (docs/SCALE.md).
@@ -18,6 +22,7 @@ own worker process (SIGKILL), so tests can check that a worker killed mid-run is
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -49,6 +54,12 @@ def _kill_once(marker: str | None) -> None:
         return
     os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def owned(result: Any) -> Any:
+    """``result`` with every numpy array copied out of the object store (writable, owning its memory), so that
+    keeping a piece of it keeps nothing else of the stored object alive (the module docstring)."""
+    return copy.deepcopy(result)
 
 
 def _call(fn: Callable, item: Any, marker: str | None, *shared: Any) -> Any:
@@ -150,7 +161,7 @@ class RayEngine(Engine):
             if not pending:
                 return
             try:
-                out = ray.get(pending.popleft())
+                out = owned(ray.get(pending.popleft()))  # the store's copy is released with the ref
             except ray.exceptions.RayError as e:
                 for ref in pending:
                     ray.cancel(ref, force=True)

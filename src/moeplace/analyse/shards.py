@@ -189,9 +189,12 @@ class _Temporal:
         self.pos = np.zeros(0, np.int64)
         self.ids = np.zeros((0, acc.L, acc.K), np.int16)
         self.ordered = True
+        self.overflow = False  # more decode requests than the carry: the sums are recomputed, the rows dropped
 
     def add(self, part: ShardPart) -> None:
         e, acc = part.edges, self.acc
+        if self.overflow:
+            return
         acc.overlap_sum += part.acc.overlap_sum
         acc.overlap_pairs += part.acc.overlap_pairs
         self.ordered &= e.ordered
@@ -207,10 +210,13 @@ class _Temporal:
                 acc.overlap_pairs += int(nxt.sum())
         self.rid, self.pos, self.ids = _last_per_request(np.r_[self.rid, e.tail_rid], np.r_[self.pos, e.tail_pos],
                                                          np.concatenate([self.ids, e.tail_ids]))
+        if len(self.rid) > acc.carry_requests:  # held rows stay bounded by the carry, not by the trace's requests
+            self.overflow = True
+            self.rid, self.pos, self.ids = self.rid[:0], self.pos[:0], self.ids[:0]
 
     def exact(self) -> bool:
         """Whether the merged sums equal the single-process stream's (module docstring)."""
-        return self.ordered and len(self.rid) <= self.acc.carry_requests
+        return self.ordered and not self.overflow
 
 
 def accumulate_shards(path: str, meta: TraceMeta, labels, params: dict, engine) -> TokenAccumulator:
