@@ -4,6 +4,7 @@ several random splits, with paired 95% intervals (the protocol of docs/EVALUATIO
 Usage:
   python bench/plan_compare.py [--trace gpt-oss.trace] [--clusters 4x2,8x1,2x4] [--redundant 8] [--seeds 5]
                                [--strategies a,b] [--param KEY=VALUE ...] [--out bench/results/plan_compare]
+                               [--engine {local,ray}] [--address HOST:PORT]
 
 Without --trace it imports ../shared/data/gpt-oss-20b (528 generations, decode only) into out/cache/ first.
 gpt-oss has no prefill, so each request's first 32 decode tokens stand for its prompt: they are the grouping
@@ -24,7 +25,9 @@ interval (``moeplace.evaluate.intervals``):
 This is the bytes-under-a-balance-floor benchmark: joint runs with ``objective="bytes"`` here (override with
 ``--param objective='"time"'``); predicted layer time, joint's default objective, is bench/plan_time.py.
 Each cluster is a run of its own (its own result file, command, commit and load average); ``--clusters 4x2`` runs
-one (about 8 minutes on 2 busy cores; 8x1 and 2x4 take less).
+one (about 8 minutes on 2 busy cores; 8x1 and 2x4 take less). ``--engine ray [--address ADDR]`` runs every
+strategy x split seed as a Ray task (``compare``'s engine, docs/SCALE.md): the same numbers but for the measured
+seconds (``plan_seconds``, ``wall_seconds``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 
 from common import BenchRun, paired_ci, seed_spread
 
+from moeplace.cli.options import add_engine_options, engine_from_args
 from moeplace.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +70,9 @@ def txt(c: dict | None, digits: int = 3) -> str:
 
 
 def bench_cluster(trace, cluster, redundant: int, names: list[str], seeds: list[int], seed: int,
-                  balance_floor: float, params: dict, spec: str) -> dict:
-    """One cluster: compare over the split seeds, then the per-strategy rows pooled over seeds."""
+                  balance_floor: float, params: dict, spec: str, engine=None) -> dict:
+    """One cluster: compare over the split seeds (on ``engine``; None: this process), then the per-strategy rows
+    pooled over seeds."""
     from moeplace.evaluate import compare, planning_balance
 
     per_seed: list[dict] = []
@@ -86,7 +91,7 @@ def bench_cluster(trace, cluster, redundant: int, names: list[str], seeds: list[
 
     res = compare(trace, cluster, redundant, names, balance_floor=balance_floor, seed=seed, params=params,
                   arrival="mixed", split_seeds=seeds, on_seed=keep,
-                  progress=lambda m: print(f"[{spec}] {m}", flush=True))
+                  progress=lambda m: print(f"[{spec}] {m}", flush=True), engine=engine)
     base = res["baseline"]["decode"]
     out: dict = {"cluster": res["cluster"], "num_redundant": res["num_redundant"],
                  "planning_requests": res["planning_requests"], "held_out_requests": res["held_out_requests"],
@@ -136,8 +141,24 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "plan_compare"),
                     help="each cluster writes OUT_CLUSTER.json and OUT_CLUSTER.md (default: "
                          "bench/results/plan_compare_4x2.json, ...)")
+    add_engine_options(ap)
     args = ap.parse_args()
 
+    from moeplace.engine import EngineError
+
+    try:
+        engine = engine_from_args(args)  # an unreachable --address fails before any work
+    except EngineError as e:
+        ap.error(str(e))
+    try:
+        return run_clusters(args, engine)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def run_clusters(args: argparse.Namespace, engine) -> int:
+    """Each of ``--clusters`` as a run of its own, through ``compare`` on ``engine`` (None: this process)."""
     from moeplace.placement import Cluster
     from moeplace.plan import MOE_STRATEGIES
     from moeplace.trace import read_trace
@@ -157,7 +178,7 @@ def main() -> int:
                                                 "held-out micro-batches")
         t0 = time.perf_counter()
         r = bench_cluster(t, Cluster.parse(spec), args.redundant, names, seeds, args.seed, args.balance_floor, params,
-                          spec)
+                          spec, engine)
         r["wall_seconds"] = time.perf_counter() - t0
         md = [f"# Planner comparison on {t.meta.model} ({'synthetic' if t.meta.synthetic else 'real'} routing), {spec}",
               "", f"Command: `{run.command}`", "",

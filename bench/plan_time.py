@@ -5,6 +5,7 @@ the ideal bound and the gap closed (the protocol of docs/EVALUATION.md).
 Usage:
   python bench/plan_time.py [--seeds 5] [--holdout 0.75] [--profiles NAME,...] [--workloads NAME,...]
                             [--phases prefill,decode] [--strategies eplb,activation-clusters,joint] [--json PATH]
+                            [--engine {local,ray}] [--address HOST:PORT]
 
 Workloads (real routing of trained models; none synthetic):
 - ``reference-fg`` (64 experts in 8 groups, top-6): prefill from the prefill-scale held-out trace that
@@ -21,6 +22,10 @@ one node is reported as such. Each setting: plan every strategy on the planning 
 random splits (mixed arrival order, seeded by the split), score on the held-out window's full micro-batches.
 Baseline: the best of EPLB global / hierarchical x {nearest-static, nearest-least-loaded, balanced} dispatch, chosen
 per phase on the held-out window, measured in the same run (``moeplace.evaluate.measure``).
+
+``--engine ray [--address ADDR]`` runs each setting's strategies x split seeds as Ray tasks (``compare``'s engine,
+docs/SCALE.md); the numbers equal the local run's but for the measured seconds (``seconds``, ``plan_seconds``,
+``wall_seconds``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import time
 from pathlib import Path
 
 from common import BenchRun
+
+from moeplace.cli.options import add_engine_options, engine_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "src" / "moeplace" / "data"
@@ -89,10 +96,26 @@ def main() -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--phases", default="prefill,decode", help="phases to measure (runs can be split by phase)")
     ap.add_argument("--json")
+    add_engine_options(ap)
     args = ap.parse_args()
     run = BenchRun("plan_time", baseline="the strongest EPLB per phase (global/hierarchical x static/least-loaded/"
                    "balanced dispatch), chosen on the held-out window, scored in the same run")
 
+    from moeplace.engine import EngineError
+
+    try:
+        engine = engine_from_args(args)  # an unreachable --address fails before any work
+    except EngineError as e:
+        ap.error(str(e))
+    try:
+        return measure(args, run, engine)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
+    """Every workload x phase x profile setting through ``compare`` (on ``engine``; None: this process)."""
     from moeplace.deploy.profiles import PROFILES, phase_deployments
     from moeplace.evaluate import compare
     from moeplace.trace import read_trace
@@ -132,7 +155,8 @@ def main() -> int:
                     r = results[same]["compare"]
                 else:
                     r = compare(trace, None, None, strategies, holdout=holdout, arrival="mixed",
-                                phase_deployments=deps, split_seeds=list(range(args.seeds)), phases=(phase,))
+                                phase_deployments=deps, split_seeds=list(range(args.seeds)), phases=(phase,),
+                                engine=engine)
                     done[key] = bare
                 dep = deps[phase]
                 rows = {n: r["strategies"][n]["phases"].get(phase) for n in strategies}
@@ -165,7 +189,7 @@ def main() -> int:
     run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "prefill_holdout": args.prefill_holdout,
                           "arrival": "mixed (seeded by the split)",
                           "profiles": profiles, "workloads": wanted, "strategies": strategies,
-                          "phases": args.phases.split(",")},
+                          "phases": args.phases.split(","), "engine": args.engine, "address": args.address},
                "results": results, "skipped": skipped,
                "summary": {"settings": len(results), "decided_faster_than_baseline": decided_wins,
                            "decided_slower_than_baseline": decided_losses}}, args.json)

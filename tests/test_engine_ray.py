@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
 FG = DATA_DIR / "reference-fg.trace"
+BENCH = SRC.parent / "bench"
 
 
 def _pid(x: int) -> tuple[int, int]:
@@ -135,6 +136,44 @@ def test_cli_joins_an_existing_cluster(engine, tmp_path):
     on_ray = _cli(["analyze", FG, "--json", b, "--no-progress", "--engine", "ray", "--address", address], tmp_path)
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert a.read_bytes() == b.read_bytes()
+
+
+MEASURED = {"seconds", "plan_seconds", "wall_seconds"}  # measured time: the one thing an engine may change
+RUN_CONTEXT = {"command", "git_commit", "dirty", "date", "loadavg_before", "loadavg_after", "cpu_count", "machine",
+               "versions"}
+
+
+def _numbers(x, top: bool = True):
+    """A bench result without its run context, its engine flags and its measured seconds."""
+    if isinstance(x, dict):
+        return {k: _numbers(v, False) for k, v in x.items()
+                if k not in MEASURED and k not in ("engine", "address") and not (top and k in RUN_CONTEXT)}
+    if isinstance(x, list):
+        return [_numbers(v, False) for v in x]
+    return x
+
+
+@pytest.mark.parametrize("bench", ["plan_time", "plan_compare"])
+def test_bench_sweep_on_ray_gives_the_local_numbers(engine, tmp_path, bench):
+    """bench/plan_time.py and bench/plan_compare.py --engine ray --address: their strategies x split seeds as Ray
+    tasks, the same JSON but for measured seconds (a tiny configuration of each: 2 seeds, 2 strategies)."""
+    address = ray.get_runtime_context().gcs_address
+    if bench == "plan_time":
+        args = ["--workloads", "reference-fg", "--phases", "decode", "--seeds", "2", "--profiles",
+                "sglang-h200-ep16", "--strategies", "eplb,joint"]
+        out = {e: (["--json", tmp_path / f"{e}.json"], tmp_path / f"{e}.json") for e in ("local", "ray")}
+    else:
+        args = ["--trace", FG, "--clusters", "2x4", "--seeds", "2", "--strategies", "eplb,activation-clusters"]
+        out = {e: (["--out", tmp_path / e], tmp_path / f"{e}_2x4.json") for e in ("local", "ray")}
+    got = {}
+    for eng, extra in (("local", []), ("ray", ["--engine", "ray", "--address", address])):
+        env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, str(BENCH / f"{bench}.py"), *map(str, args), *map(str, out[eng][0]),
+                               *extra], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[eng] = json.loads(out[eng][1].read_text())
+    assert got["ray"]["params"]["engine"] == "ray" and got["local"]["params"]["engine"] == "local"
+    assert got["local"]["results"] and _numbers(got["ray"]) == _numbers(got["local"])
 
 
 def test_cli_unreachable_address_is_one_line(tmp_path):
