@@ -17,27 +17,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from moeplace.operate.metrics import is_loopback
     from moeplace.plan.route import Router, RouteServer
 
-    router = Router.load(args.grouper)
-    server = RouteServer(router, args.port, args.host, args.max_body_bytes)
-    if not is_loopback(args.host):
-        print(f"moeplace route: note: --host {args.host} is not loopback: every machine that reaches it can ask "
-              "for routes (a request's expert counts go to this service; docs/PRIVACY.md)", file=sys.stderr)
-    g = router.grouper
-    print(f"routing by {args.grouper} ({router.strategy or 'plan'}: {g.num_nodes} nodes x {g.gpus_per_node} GPUs, "
-          f"rounds of {g.round_size}) on {server.url}: POST /route, POST /route_batch, GET /health", flush=True)
-
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    # before the "listening" line: a supervisor (or a test) that stops the service once it reads that line must
+    # find the handler in place (CI caught the race: exit -15 instead of a clean stop)
     signal.signal(signal.SIGTERM, stop)
+    server, admitted = None, 0
     try:
+        router = Router.load(args.grouper)
+        server = RouteServer(router, args.port, args.host, args.max_body_bytes)
+        if not is_loopback(args.host):
+            print(f"moeplace route: note: --host {args.host} is not loopback: every machine that reaches it can ask "
+                  "for routes (a request's expert counts go to this service; docs/PRIVACY.md)", file=sys.stderr)
+        g = router.grouper
+        print(f"routing by {args.grouper} ({router.strategy or 'plan'}: {g.num_nodes} nodes x {g.gpus_per_node} "
+              f"GPUs, rounds of {g.round_size}) on {server.url}: POST /route, POST /route_batch, GET /health",
+              flush=True)
         while server.thread.is_alive():
             server.thread.join(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        server.close()
-    print(f"stopped after {router.admitted} online routes", flush=True)
+        if server is not None:
+            server.close()
+            admitted = router.admitted
+    print(f"stopped after {admitted} online routes", flush=True)
     return 0
 
 
