@@ -15,7 +15,10 @@ so shared pages are counted once per process; ``max_process_rss_bytes`` is the l
 ``cpu_seconds`` is the CPU time of the reaped descendants (``cpu_per_wall`` near 2 means both cores were used);
 ``loadavg_at_start`` the 1-minute load average when the command started (the machine is shared).
 
-    python bench/scale.py [--base-requests 400] [--sizes 1,10,100] [--max-gb 20] [--work DIR] [--keep]
+    python bench/scale.py [--base-requests 600] [--sizes 1,10,25,100] [--max-gb 20] [--work DIR] [--keep]
+
+With ``--json`` the file is rewritten after every measured cell with ``"complete": false`` (a kill keeps what was
+measured) and once more at the end with ``"complete": true``.
 """
 
 from __future__ import annotations
@@ -198,8 +201,9 @@ def synth_batch_ab(rev: str, requests: int = 64) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-requests", type=int, default=400)
-    ap.add_argument("--sizes", default="1,10,100")
+    ap.add_argument("--base-requests", type=int, default=600,
+                    help="requests of the 1x trace (600: 0.2 GB, more than --max-request-bytes tracks)")
+    ap.add_argument("--sizes", default="1,10,25,100")
     ap.add_argument("--max-gb", type=float, default=20.0, help="largest trace on disk, GB")
     ap.add_argument("--engines", default="local,ray")
     ap.add_argument("--commands", default="analyze,simulate")
@@ -215,7 +219,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="moeplace-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    body: dict = {"params": vars(args), "notes": notes, "results": {}}
+    body: dict = {"params": vars(args), "notes": notes, "complete": False, "results": {}}
+    per_size: list[dict] = []
+    body["results"]["sizes"] = per_size
+
+    def save() -> None:  # after every cell: a killed run keeps what it measured ("complete": false)
+        if args.json:
+            run.write(body, args.json)
 
     base = work / "base.trace"
     if not base.exists():
@@ -230,12 +240,12 @@ def main() -> None:
         notes.append(f"sizes {sorted(set(sizes) - set(fit))}x left out: {base_gb:.2f} GB per 1x, --max-gb "
                      f"{args.max_gb}, {free_gb:.0f} GB free on {work}")
     L = read_meta(base).num_layers
-    per_size = []
     for n in fit:
         tr = base if n == 1 else tiled_trace(base, work / f"x{n}.trace", n)
         gb = trace_bytes(tr) / 1e9
         tokens = num_token_rows(tr)
         row: dict = {"size": n, "trace_gb": gb, "tokens": tokens, "shards": len(shard_files(tr)), "runs": {}}
+        per_size.append(row)
         print(f"{n}x: {gb:.2f} GB, {tokens:,} tokens, {row['shards']} shards", flush=True)
         for cmd in args.commands.split(","):
             outs = {}
@@ -249,6 +259,7 @@ def main() -> None:
                 m["tokens_x_layers_per_second"] = tokens * L / m["wall_seconds"]
                 runs[eng] = m
                 outs[eng] = out
+                save()
                 print(f"  {cmd:8s} {eng:5s} {m['wall_seconds']:8.1f} s  {m['tokens_x_layers_per_second'] / 1e6:7.2f} "
                       f"M tok*layer/s  tree RSS {m['tree_peak_rss_bytes'] / 1e9:.2f} GB", flush=True)
             if "local" in outs and len(outs) > 1:
@@ -260,10 +271,9 @@ def main() -> None:
                         got["meta"].pop("trace", None)
                     runs[eng]["identical_to_local"] = got == ref
                     runs[eng]["speedup_vs_local"] = runs["local"]["wall_seconds"] / runs[eng]["wall_seconds"]
-        per_size.append(row)
+                save()
         if n != 1 and not args.keep:
             shutil.rmtree(tr)
-    body["results"]["sizes"] = per_size
     if args.synth_requests:
         d = work / "synth1000.trace"
         shutil.rmtree(d, ignore_errors=True)
@@ -275,6 +285,7 @@ def main() -> None:
         body["results"]["synth_batch_ab"] = synth_batch_ab(args.synth_baseline)
     if not args.keep and not args.work:
         shutil.rmtree(work, ignore_errors=True)
+    body["complete"] = True
     run.write(body, args.json)
 
 

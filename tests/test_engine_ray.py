@@ -84,7 +84,7 @@ def test_results_own_their_arrays(engine):
     meta = read_meta(FG)
     params = {"window_tokens": 256, "chunk_tokens": 4096, "max_request_bytes": 1 << 20, "seed": 0}
     labels = token_labels(meta, read_requests(FG), params)
-    parts = list(engine.map(analyse_shard, [ShardTask(str(FG), i, 0) for i in range(2)], meta, labels, params))
+    parts = list(engine.map(analyse_shard, [ShardTask(str(FG), (i,), 0) for i in range(2)], meta, labels, params))
     found = [*_arrays(out), *_arrays(parts)]
     assert any(".acc.drift_js" in p for p, _ in found) and any(".edges.tail_ids" in p for p, _ in found)
     views = [p for p, a in found if not (a.flags.writeable and a.flags.owndata)]

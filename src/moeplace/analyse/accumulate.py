@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moeplace.analyse.stats import js_divergence, pair_bincount, shared_experts, symmetrise
+from moeplace.analyse.loops import pair_counts
+from moeplace.analyse.stats import js_divergence, shared_experts, symmetrise
 from moeplace.trace.types import DECODE
 
 DEFAULT_CARRY_REQUESTS = 1 << 16
@@ -117,9 +118,9 @@ class TokenAccumulator:
         if self.coact is not None or self.inter is not None:
             ids_lkt = np.ascontiguousarray(idx.transpose(1, 2, 0))  # [L, K, T]
             if self.coact is not None:
-                self.coact += pair_bincount(ids_lkt, self.E)
+                pair_counts(ids_lkt, self.E, False, out=self.coact)
             if self.inter is not None:
-                self.inter += pair_bincount(ids_lkt, self.E, interlayer=True)
+                pair_counts(ids_lkt, self.E, True, out=self.inter)
         if slot is not None and len(self.req):
             self._add_requests(le, ph, np.asarray(slot, dtype=np.intp))
         if self.temporal:

@@ -25,16 +25,23 @@ import numpy as np
 
 from moeplace.analyse.accumulate import TokenAccumulator
 from moeplace.analyse.stats import js_divergence, shared_experts
-from moeplace.trace.reader import iter_light_columns, iter_token_chunks, shard_files, shard_token_rows
+from moeplace.trace.reader import iter_light_columns, iter_token_chunks, shard_files, shard_ranges, shard_token_rows
 from moeplace.trace.types import DECODE, TraceError, TraceMeta
+
+TASKS_PER_WORKER = 4  # ranges of shards per worker: few parts to merge, and still a balanced tail
 
 
 @dataclass(frozen=True)
 class ShardTask:
-    """One shard of a trace and where it starts in trace order (token rows before it)."""
+    """A range of consecutive shards of a trace and where its first starts in trace order (token rows before it).
+
+    One range is accumulated as if it were one shard: the parts the driver merges are one per range, not one per
+    shard (each part holds the L x E x E counters, 60 MB for DeepSeek-V3, so their number is what the reduce
+    costs).
+    """
 
     path: str
-    shard: int
+    shards: tuple[int, ...]
     offset: int
 
 
@@ -118,36 +125,37 @@ class ShardPart:
     edges: EdgeRows
 
 
-def _check_known(task: ShardTask, labels, rid: np.ndarray) -> None:
+def _check_known(task: ShardTask, shard: int, labels, rid: np.ndarray) -> None:
     """TraceError naming the shard when a token names a request the request table lacks (as the reader would; a
     worker checks against the table it was given instead of reading every request file again)."""
     known = labels.rid_sorted
     i = np.minimum(np.searchsorted(known, rid), max(len(known) - 1, 0))
     bad = known[i] != rid if len(known) else np.ones(len(rid), bool)
     if bad.any():
-        f = shard_files(task.path)[task.shard]
+        f = shard_files(task.path)[shard]
         raise TraceError(f"{f}: token rows name request_id {int(rid[bad][0])} that is not in the request table")
 
 
 def analyse_shard(task: ShardTask, meta: TraceMeta, labels, params: dict) -> ShardPart:
-    """Map step: accumulate one shard (a pure function of the shard and the request-level ``labels``,
+    """Map step: accumulate one range of shards (a pure function of the shards and the request-level ``labels``,
     :class:`moeplace.analyse.summary.TokenLabels`)."""
     L, E, K = meta.num_layers, meta.num_experts, meta.top_k
     seen = [np.zeros(0, np.intp)]
-    for rid, _, _ in iter_light_columns(task.path, check_requests=False, shards=[task.shard]):
+    for rid, _, _ in iter_light_columns(task.path, check_requests=False, shards=list(task.shards)):
         slot = labels.of(rid)[1]
         seen.append(np.unique(slot[slot >= 0]))
     slots = np.unique(np.concatenate(seen))
     acc = TokenAccumulator(L, E, K, num_domains=len(labels.names), num_slots=len(slots),
                            window_tokens=params["window_tokens"], window_offset=task.offset)
     edges = _Edges(L, K)
-    for ch in iter_token_chunks(task.path, chunk_tokens=params["chunk_tokens"], columns_weights=False,
-                                check_requests=False, shards=[task.shard]):  # checked here against the table
-        _check_known(task, labels, ch.request_id)
-        dom, slot = labels.of(ch.request_id)
-        local = np.where(slot >= 0, np.searchsorted(slots, slot), -1)
-        acc.update(ch.expert_ids, ch.request_id, ch.position, ch.phase, dom, local)
-        edges.add(ch.request_id, ch.position, ch.phase, ch.expert_ids)
+    for shard in task.shards:
+        for ch in iter_token_chunks(task.path, chunk_tokens=params["chunk_tokens"], columns_weights=False,
+                                    check_requests=False, shards=[shard]):  # checked here against the table
+            _check_known(task, shard, labels, ch.request_id)
+            dom, slot = labels.of(ch.request_id)
+            local = np.where(slot >= 0, np.searchsorted(slots, slot), -1)
+            acc.update(ch.expert_ids, ch.request_id, ch.position, ch.phase, dom, local)
+            edges.add(ch.request_id, ch.position, ch.phase, ch.expert_ids)
     return ShardPart(acc, slots, edges.result())
 
 
@@ -226,7 +234,8 @@ def accumulate_shards(path: str, meta: TraceMeta, labels, params: dict, engine) 
 
     rows = shard_token_rows(path)
     offsets = np.r_[0, np.cumsum(rows)[:-1]].astype(np.int64) if rows else np.zeros(0, np.int64)
-    tasks = [ShardTask(str(path), i, int(o)) for i, o in enumerate(offsets.tolist())]
+    ranges = shard_ranges(rows, TASKS_PER_WORKER * max(1, int(getattr(engine, "workers", 1))))
+    tasks = [ShardTask(str(path), r, int(offsets[r[0]])) for r in ranges]
     acc = new_accumulator(meta, labels, params)
     windows, temporal = _Windows(acc), _Temporal(acc)
     for part in engine.map(analyse_shard, tasks, meta, labels, params):

@@ -128,25 +128,14 @@ def pair_bincount(ids_LKT: np.ndarray, num_experts: int, interlayer: bool = Fals
     """Unsymmetrised pair counts: int64 [L, E * E] (within a layer, router slots a < b) or [L-1, E * E] (layer l
     slot a, layer l+1 slot b). ids_LKT: [L, K, T] from :func:`layer_major`.
 
-    One layer at a time, so the E * E counters stay in cache while ``np.bincount`` scatters into them.
+    One layer at a time, so the E * E counters stay in cache while the compiled loop
+    (:mod:`moeplace.analyse.loops`) adds each pair.
     """
-    L, K, _ = ids_LKT.shape
-    E = num_experts
-    if interlayer:
-        pairs = [(a, b) for a in range(K) for b in range(K)]
-        out = np.zeros((max(L - 1, 0), E * E), np.int64)
-        for lyr in range(L - 1):
-            x, y = ids_LKT[lyr] * E, ids_LKT[lyr + 1]
-            out[lyr] = np.bincount(np.concatenate([x[a] + y[b] for a, b in pairs]), minlength=E * E)
-        return out
-    out = np.zeros((L, E * E), np.int64)
-    if K < 2:
-        return out
-    pairs = [(a, b) for a in range(K) for b in range(a + 1, K)]
-    for lyr in range(L):
-        x, y = ids_LKT[lyr] * E, ids_LKT[lyr]
-        out[lyr] = np.bincount(np.concatenate([x[a] + y[b] for a, b in pairs]), minlength=E * E)
-    return out
+    from moeplace.analyse.loops import pair_counts  # compiled (numba): imported where pairs are counted
+
+    if ids_LKT.ndim != 3:
+        raise ValueError(f"ids_LKT: expected shape [L, K, T], got {ids_LKT.shape}")
+    return pair_counts(ids_LKT, num_experts, interlayer)
 
 
 def symmetrise(pairs: np.ndarray, num_experts: int) -> np.ndarray:

@@ -41,7 +41,14 @@ from moeplace.simulate.routing import (
     two_hop_matrix,
 )
 from moeplace.trace.budget import check_memory
-from moeplace.trace.reader import iter_light_columns, iter_token_chunks, read_meta, read_requests, shard_token_rows
+from moeplace.trace.reader import (
+    iter_light_columns,
+    iter_token_chunks,
+    read_meta,
+    read_requests,
+    shard_ranges,
+    shard_token_rows,
+)
 from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta
 
 # --------------------------------------------------------------------------------------------------- context
@@ -413,18 +420,7 @@ class SimPart:
 
 def plan_parts(path: str, tasks: int) -> list[SimPart]:
     """About ``tasks`` ranges of consecutive shards with similar token counts (from the footers)."""
-    rows = shard_token_rows(path)
-    if not rows:
-        return []
-    total = max(sum(rows), 1)
-    cuts: list[list[int]] = [[]]
-    done = 0
-    for i, n in enumerate(rows):
-        if cuts[-1] and done >= total * len(cuts) / tasks:
-            cuts.append([])
-        cuts[-1].append(i)
-        done += n
-    return [SimPart(path, tuple(c)) for c in cuts]
+    return [SimPart(path, r) for r in shard_ranges(shard_token_rows(path), tasks)]
 
 
 def _phase_state(acc: _PhaseAcc) -> dict:

@@ -114,13 +114,16 @@ def check_expert_ids(expert_ids: np.ndarray, meta: TraceMeta, where: str = "expe
         )
     if ids.dtype.kind not in "iu":
         raise TraceError(f"{where}: expected integer expert ids, got dtype {ids.dtype}")
+    rep = False
     if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
+        from moeplace.trace.kernels import id_range_and_repeat  # compiled (numba): imported where ids are read
+
+        lo, hi, rep = (int(x) for x in id_range_and_repeat(ids))
         if lo < 0 or hi >= meta.num_experts:
             bad = lo if lo < 0 else hi
             raise TraceError(f"{where}: expert id {bad} out of range [0, {meta.num_experts})")
     ids = ids.astype(np.int16, copy=False)
-    if ids.size and meta.top_k > 1:
+    if rep and meta.top_k > 1:  # find the first repeat to name it
         s = np.sort(ids, axis=2)
         rep = s[:, :, 1:] == s[:, :, :-1]
         if rep.any():

@@ -437,6 +437,22 @@ def shard_token_rows(path: str | os.PathLike, budget: int | None = None) -> list
     return [_open_parquet(f, rb, budget).metadata.num_rows for f in shard_files(p, meta)]
 
 
+def shard_ranges(rows: list[int], tasks: int) -> list[tuple[int, ...]]:
+    """About ``tasks`` ranges of consecutive shard indices with similar token counts (``rows``: token rows per
+    shard, :func:`shard_token_rows`), in trace order; every shard in exactly one range, no range empty."""
+    if not rows:
+        return []
+    total = max(sum(rows), 1)
+    cuts: list[list[int]] = [[]]
+    done = 0
+    for i, n in enumerate(rows):
+        if cuts[-1] and done >= total * len(cuts) / max(tasks, 1):
+            cuts.append([])
+        cuts[-1].append(i)
+        done += n
+    return [tuple(c) for c in cuts]
+
+
 def _concat_chunks(chunks: list[TokenChunk], meta: TraceMeta) -> TokenChunk:
     if not chunks:
         L, K = meta.num_layers, meta.top_k
