@@ -3,9 +3,10 @@
 Shape legend: T = tokens (of a chunk), L = MoE layers, K = top-k, E = logical experts, D = domains, s = tracked
 requests seen in one shard, n = decode requests of one shard.
 
-Map (:func:`analyse_shard`, one task per shard, a pure function of the shard): a :class:`TokenAccumulator` over
-the shard's rows, started at the shard's offset in trace order so its drift windows are the trace's windows, and
-tracking only the requests the shard holds; plus the first and the last decode row of each of its requests.
+Map (:func:`analyse_shard`, one task per range of consecutive shards, a pure function of the range): a
+:class:`TokenAccumulator` over the range's rows, started at its offset in trace order so its drift windows are the
+trace's windows, and tracking only the requests the range holds; plus the first and the last decode row of each of
+its requests. A range is merged as one shard would be (below: "shard" = range).
 
 Reduce (:func:`accumulate_shards`, in shard order): every statistic is an integer sum, so loads, co-activation and
 inter-layer counts and the per-request vectors add up exactly. Drift windows that straddle a shard boundary are
