@@ -34,6 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "scale.json")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "scale.png")
     args = ap.parse_args(argv)
+    from moeplace.io import OutputError, check_output_path, input_output_clash
+
+    clash = input_output_clash([("--out", args.out)], [("--json", args.json)])
+    try:
+        if clash:
+            raise OutputError(clash)
+        check_output_path(args.out, "--out")
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         result = json.loads(args.json.read_text())
         lines = curves(result)
@@ -45,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import matplotlib
+
+    from moeplace.io import atomic_write_with
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
@@ -72,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     done = "" if result.get("complete", True) else ", run incomplete"
     fig.suptitle(f"bench/scale.py at {commit} on {result.get('cpu_count')} cores{done}", fontsize=9)
     fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(args.out)
+    atomic_write_with(args.out, lambda tmp: fig.savefig(tmp, format="png"), "--out")
     print(f"wrote {args.out}")
     return 0
 

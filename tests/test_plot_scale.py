@@ -36,3 +36,11 @@ def test_not_a_scale_result_is_one_line(tmp_path):
                        text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr
     assert not (tmp_path / "o.png").exists()
+
+
+def test_out_on_its_own_input_is_refused(tmp_path):
+    src = tmp_path / "scale.json"
+    src.write_text("{}")
+    r = subprocess.run([sys.executable, SCRIPT, "--json", src, "--out", src], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "is the input --json" in r.stderr
+    assert src.read_text() == "{}"

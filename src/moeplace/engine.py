@@ -33,6 +33,7 @@ from typing import Any
 ENGINES = ("local", "ray")
 KILL_ONCE_ENV = "MOEPLACE_ENGINE_KILL_ONCE"  # test hook: see the module docstring
 DEFAULT_LOCAL_CPUS = 2  # workers of the local Ray cluster started without --address
+TASKS_PER_WORKER = 4  # items a stage cuts its work into per worker: few parts to merge, and still a balanced tail
 DEFAULT_MAX_RETRIES = 3  # runs of a task whose worker died, after the first
 CONNECT_TIMEOUT_S = 5.0  # a cluster address that accepts no TCP connection within this is unreachable
 # Object store of the local cluster: Ray's default (30% of RAM) lets the store's resident pages grow with every part

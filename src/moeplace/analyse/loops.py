@@ -26,50 +26,27 @@ def in_range(ids, num_experts):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def pairs_within(ids, num_experts, out):  # pragma: no cover - compiled
-    """Add within-layer pairs of router slots a < b: ``out[l, ids[l, a, t] * E + ids[l, b, t]] += 1``.
+def add_pairs(ids, num_experts, out, step):  # pragma: no cover - compiled
+    """Add expert pairs into ``out`` [L - step, E * E]: ``out[l, ids[l, a, t] * E + ids[l + step, b, t]] += 1``,
+    over router slots a < b within a layer (step 0) or all a, b of consecutive layers (step 1).
 
-    ids: int [L, K, T]; out: int64 [L, E * E]. Each layer counts into an int32 [E * E] table first (half the
-    cache of int64: 2x faster measured) and adds it to ``out`` after at most :data:`SPAN` tokens. Returns False
-    (adding nothing) when an id lies outside [0, E), so a bad id can never write outside the counters.
+    ids: int [L, K, T]. Each layer counts into an int32 [E * E] table first (half the cache of int64: 2x faster
+    measured) and adds it to ``out`` after at most :data:`SPAN` tokens. Returns False (adding nothing) when an id
+    lies outside [0, E), so a bad id can never write outside the counters.
     """
     L, K, T = ids.shape
     E = num_experts
     if not in_range(ids, E):
         return False
     tmp = np.zeros(E * E, np.int32)
-    for lyr in range(L):
+    for lyr in range(L - step):
         for s in range(0, T, SPAN):
             tmp[:] = 0
             for t in range(s, min(T, s + SPAN)):
                 for a in range(K):
                     x = ids[lyr, a, t] * E
-                    for b in range(a + 1, K):
-                        tmp[x + ids[lyr, b, t]] += 1
-            out[lyr] += tmp
-    return True
-
-
-@njit(cache=True, nogil=True)
-def pairs_between(ids, num_experts, out):  # pragma: no cover - compiled
-    """Add pairs of consecutive layers: ``out[l, ids[l, a, t] * E + ids[l + 1, b, t]] += 1`` for all slots a, b.
-
-    ids: int [L, K, T]; out: int64 [L - 1, E * E]. Counted as :func:`pairs_within` (int32 table per layer, False
-    and nothing added when an id lies outside [0, E)).
-    """
-    L, K, T = ids.shape
-    E = num_experts
-    if not in_range(ids, E):
-        return False
-    tmp = np.zeros(E * E, np.int32)
-    for lyr in range(L - 1):
-        for s in range(0, T, SPAN):
-            tmp[:] = 0
-            for t in range(s, min(T, s + SPAN)):
-                for a in range(K):
-                    x = ids[lyr, a, t] * E
-                    for b in range(K):
-                        tmp[x + ids[lyr + 1, b, t]] += 1
+                    for b in range(a + 1 if step == 0 else 0, K):
+                        tmp[x + ids[lyr + step, b, t]] += 1
             out[lyr] += tmp
     return True
 
@@ -87,7 +64,7 @@ def pair_counts(ids_LKT: np.ndarray, num_experts: int, interlayer: bool,
         raise ValueError(f"out: expected C-contiguous int64 {shape}, got {out.dtype} {out.shape}")
     if ids_LKT.shape[1] < (1 if interlayer else 2):
         return out
-    ok = (pairs_between if interlayer else pairs_within)(ids_LKT, E, out)
+    ok = add_pairs(ids_LKT, E, out, 1 if interlayer else 0)
     if not ok:
         raise ValueError(f"expert_ids: ids must lie in [0, {E})")
     return out

@@ -26,10 +26,9 @@ import numpy as np
 
 from moeplace.analyse.accumulate import TokenAccumulator
 from moeplace.analyse.stats import js_divergence, shared_experts
+from moeplace.engine import TASKS_PER_WORKER
 from moeplace.trace.reader import iter_light_columns, iter_token_chunks, shard_files, shard_ranges, shard_token_rows
 from moeplace.trace.types import DECODE, TraceError, TraceMeta
-
-TASKS_PER_WORKER = 4  # ranges of shards per worker: few parts to merge, and still a balanced tail
 
 
 @dataclass(frozen=True)

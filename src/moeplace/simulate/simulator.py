@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.engine import TASKS_PER_WORKER
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import loops
 from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
@@ -466,7 +467,7 @@ def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine)
     integer sums add, finished micro-batches are kept (the result sorts them by id), and rows of micro-batches
     that straddle ranges are fed, in trace order, to this process's accumulators, which route each once complete."""
     accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
-    parts = plan_parts(path, 4 * max(1, int(getattr(engine, "workers", 1))))
+    parts = plan_parts(path, TASKS_PER_WORKER * max(1, int(getattr(engine, "workers", 1))))
     for out in engine.map(simulate_part, parts, ctx, lay, chunk_tokens):
         for p in (PREFILL, DECODE):
             st, acc = out[p], accs[p]
