@@ -605,15 +605,20 @@ def kernel_threads() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def by_layers(kernel, L: int, *args) -> list:
-    """Run ``kernel(*args, l0, l1)`` on disjoint layer ranges covering [0, L), in threads (the kernels release the
-    GIL; layers share no accumulator). Returns the kernels' return values."""
+def by_ranges(kernel, n: int, *args) -> list:
+    """Run ``kernel(*args, i0, i1)`` on disjoint ranges covering [0, n) (layers, requests), in threads (the kernels
+    release the GIL and write disjoint parts of their outputs). Returns the kernels' return values."""
     global _POOL
-    n = min(kernel_threads(), L)
-    if n <= 1:
-        return [kernel(*args, 0, L)]
-    cuts = [L * i // n for i in range(n + 1)]
-    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
-        _POOL = (os.getpid(), n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="moeplace-sim"))
-    futs = [_POOL[2].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(n)]
+    k = min(kernel_threads(), n)
+    if k <= 1:
+        return [kernel(*args, 0, n)]
+    cuts = [n * i // k for i in range(k + 1)]
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < k:
+        _POOL = (os.getpid(), k, ThreadPoolExecutor(max_workers=k, thread_name_prefix="moeplace-sim"))
+    futs = [_POOL[2].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(k)]
     return [f.result() for f in futs]
+
+
+def by_layers(kernel, L: int, *args) -> list:
+    """:func:`by_ranges` over the layers [0, L) (layers share no accumulator)."""
+    return by_ranges(kernel, L, *args)

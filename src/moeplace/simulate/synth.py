@@ -20,17 +20,21 @@ max/mean, consecutive decode-token overlap and prefill-decode Pearson come back 
 
 from __future__ import annotations
 
+import queue
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 from scipy.special import ndtri
 
 from moeplace.deploy import ModelPreset, get_model
-from moeplace.simulate.synth_config import SynthConfig
+from moeplace.simulate.loops import by_ranges
+from moeplace.simulate.synth_config import SYNTH_AHEAD, SynthConfig
+from moeplace.simulate.synth_loops import guide_table, later_duplicates, search_rows, switch_fill
 from moeplace.trace.types import DECODE, PREFILL, TraceMeta
 from moeplace.trace.writer import TraceWriter
 
@@ -122,61 +126,6 @@ def _lengths(cfg: SynthConfig, rng: np.random.Generator, n: int) -> tuple[np.nda
     return pl, gl
 
 
-@njit(cache=True, nogil=True)
-def _later_duplicates(ids: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """bool [R, T, K]: slot j of a token holds an expert one of its slots 0..j-1 holds. ids: int64 [R, T, K]."""
-    R, T, K = ids.shape
-    out = np.zeros((R, T, K), np.bool_)
-    for r in range(R):
-        for t in range(T):
-            for j in range(1, K):
-                v = ids[r, t, j]
-                for i in range(j):
-                    if ids[r, t, i] == v:
-                        out[r, t, j] = True
-                        break
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _forward_fill(switch: np.ndarray, val: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """int64 [R, T, K]: at a switch (bool [R, T, K], every slot switching at t = 0) the next value of ``val`` (in
-    ``np.nonzero(switch)`` order), elsewhere the slot's value at t - 1."""
-    R, T, K = switch.shape
-    out = np.empty((R, T, K), np.int64)
-    c = 0
-    for r in range(R):
-        for t in range(T):
-            for k in range(K):
-                if switch[r, t, k]:
-                    out[r, t, k] = val[c]
-                    c += 1
-                else:
-                    out[r, t, k] = out[r, t - 1, k]
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _search_rows(flat: np.ndarray, v: np.ndarray, row: np.ndarray, width: int) -> np.ndarray:  # pragma: no cover
-    """int64 [n]: ``searchsorted(flat, v, side="right") - row * width`` searched inside row ``row`` only (rows of
-    ``width`` sorted values, each at least its row index and at most one more, as the draw builds them; a value past
-    its row gives ``width``, which the caller clips as it clipped the global search's answer)."""
-    out = np.empty(len(v), np.int64)
-    for i in range(len(v)):
-        lo = row[i] * width
-        hi = lo + width
-        x = v[i]
-        a, b = lo, hi
-        while a < b:
-            mid = (a + b) // 2
-            if flat[mid] <= x:
-                a = mid + 1
-            else:
-                b = mid
-        out[i] = a - lo
-    return out
-
-
 def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator, pl: np.ndarray, gl: np.ndarray,
                dom: np.ndarray, layers: int | None = None) -> np.ndarray:
     """Routing of a batch of requests: int16 [R, T_max, L, K] (entries past a request's length are garbage)."""
@@ -200,27 +149,31 @@ def _gen_batch(m: _Model, cfg: SynthConfig, p: _Params, rng: np.random.Generator
         cum /= cum[..., -1:]
         n_rows = R * 2 * H
         flat = (cum.reshape(n_rows, Eg) + np.arange(n_rows)[:, None]).ravel()
+        guide = guide_table(flat, n_rows, Eg)
 
-        def draw(r_idx, dec, slot, _flat=flat):
+        def draw(r_idx, dec, slot, _flat=flat, _g=guide):
             row = (r_idx * 2 + dec) * H + m.slot_group[slot]
-            pos = _search_rows(_flat, rng.random(len(row)) + row, row, Eg)  # = searchsorted(right) - row * Eg
+            pos = search_rows(_flat, _g, rng.random(len(row)) + row, row, Eg)  # = searchsorted(right) - row * Eg
             return m.slot_group[slot] * Eg + np.clip(pos, 0, Eg - 1)
 
         switch = rng.random((R, T, K)) >= p.tau
         switch[:, 0] = True
         switch[rows_r, np.minimum(pl, T - 1)] = True  # first decode token (harmless when gen_len = 0)
-        rr, tt, kk = np.nonzero(switch)
-        val = draw(rr, is_dec[rr, tt].astype(np.int64), kk)
-        if prev is not None and cfg.layer_affinity > 0:
-            follow = rng.random(len(rr)) < cfg.layer_affinity
-            val[follow] = m.partner[layer][prev[rr[follow], tt[follow], kk[follow]]]
-        ids = _forward_fill(switch, val)  # each slot keeps its expert until it switches
+        per_req = np.count_nonzero(switch.reshape(R, -1), axis=1)
+        offsets = np.concatenate([[0], np.cumsum(per_req)[:-1]]).astype(np.int64)
+        n_sw = int(per_req.sum())
+        u = rng.random(n_sw)  # one draw per switch, in np.nonzero(switch) order
+        follows = prev is not None and cfg.layer_affinity > 0
+        fu = rng.random(n_sw) if follows else np.empty(0)
+        ids = np.empty((R, T, K), np.int64)  # each slot keeps its expert until it switches
+        by_ranges(switch_fill, R, switch, u, fu, float(cfg.layer_affinity), prev if follows else ids,
+                  m.partner[layer], flat, guide, pl, m.slot_group, H, Eg, offsets, ids)
         cr = ct = None  # tokens that had duplicates: only they can have them after a redraw
         for attempt in range(9):  # a token's slots must hold distinct experts: redraw later duplicates
             if cr is None:
-                dr, dt, dk = np.nonzero(_later_duplicates(ids))
+                dr, dt, dk = np.nonzero(later_duplicates(ids))
             else:  # the same entries, in the same (r, t, k) order, as a check of every token would find
-                i, dk = np.nonzero(_later_duplicates(ids[cr, ct][None])[0])
+                i, dk = np.nonzero(later_duplicates(ids[cr, ct][None])[0])
                 dr, dt = cr[i], ct[i]
             if not len(dr):
                 break
@@ -363,6 +316,46 @@ def generate_batches(preset: ModelPreset | str, cfg: SynthConfig, batch_requests
     return meta, it()
 
 
+def read_ahead(items: Iterable, depth: int = SYNTH_AHEAD) -> Iterator:
+    """The items of ``items``, computed in a background thread up to ``depth`` ahead of the consumer (synth: the
+    next batch is generated while the last one is compressed and written; the generator's random stream is drawn
+    in one thread, in the same order, so the trace is unchanged). An exception in the thread is raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for x in items:
+                if not put((x, None)):
+                    return
+            put((end, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            put((end, e))
+
+    t = threading.Thread(target=work, name="moeplace-synth", daemon=True)
+    t.start()
+    try:
+        while True:
+            x, err = q.get()
+            if err is not None:
+                raise err
+            if x is end:
+                return
+            yield x
+    finally:
+        stop.set()
+
+
 def synthesize(path: str | Path, preset: ModelPreset | str, cfg: SynthConfig, overwrite: bool = False,
                progress: bool = False, batch_requests: int = 64) -> Path:
     """Write a synthetic trace (metadata synthetic=True) for a model preset, streaming batches to TraceWriter."""
@@ -372,8 +365,9 @@ def synthesize(path: str | Path, preset: ModelPreset | str, cfg: SynthConfig, ov
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.num_requests, unit="req", desc=f"synth {meta.model}")
-    with TraceWriter(path, meta, overwrite=overwrite, keep_partial=False) as w:  # a failure leaves no folder
-        for reqs, (rid, pos, ph, ids) in batches:
+    with TraceWriter(path, meta, overwrite=overwrite, keep_partial=False) as w, \
+            closing(read_ahead(batches)) as ahead:  # a failure leaves no folder and stops the generating thread
+        for reqs, (rid, pos, ph, ids) in ahead:
             w.add_requests(reqs["request_id"], domain=reqs["domain"], source=["synthetic"] * len(reqs["request_id"]),
                            prompt_len=reqs["prompt_len"], gen_len=reqs["gen_len"])
             w.add_tokens(rid, pos, ph, ids)

@@ -57,6 +57,7 @@ class SynthConfig:
 
 
 SYNTH_BATCH_REQUESTS = 64  # requests generated at once (moeplace.simulate.synth.generate_batches' default)
+SYNTH_AHEAD = 2  # batches generated ahead of the writer (int16 [T, L, K] each), in a background thread
 PILOT_REQUESTS_MAX = 256  # calibration measures skew on at most this many requests (4 layers at once)
 STORED_FRACTION = 0.2  # compressed shard bytes per raw routing byte, at least (measured: 0.3 on presets)
 
@@ -64,15 +65,16 @@ STORED_FRACTION = 0.2  # compressed shard bytes per raw routing byte, at least (
 def synth_budget_problem(cfg: SynthConfig, num_layers: int, num_experts: int, top_k: int,
                          dest: str | os.PathLike | None = None, budget: int | None = None) -> str | None:
     """Why ``cfg`` cannot be generated for a model of ``num_layers`` x ``num_experts`` (top-``top_k``), or None:
-    one batch of :data:`SYNTH_BATCH_REQUESTS` requests of the longest length (routing [R, T, L, K] and the
-    per-layer [R, T, K] work arrays) or the calibration pilot over the memory budget (:mod:`moeplace.budget`), or
-    the trace (at least :data:`STORED_FRACTION` of its raw routing bytes) larger than the free space at ``dest``.
+    one batch of :data:`SYNTH_BATCH_REQUESTS` requests of the longest length (routing [R, T, L, K], the
+    per-layer [R, T, K] work arrays, and :data:`SYNTH_AHEAD` finished batches waiting for the writer) or the
+    calibration pilot over the memory budget (:mod:`moeplace.budget`), or the trace (at least
+    :data:`STORED_FRACTION` of its raw routing bytes) larger than the free space at ``dest``.
     The message names the options (``--requests``, ``--prompt-len``, ``--gen-len``)."""
     L, E, K = num_layers, num_experts, top_k
     longest = math.ceil((cfg.prompt_len + cfg.gen_len) * (1 + cfg.length_jitter)) + 1
     where = f"synth --prompt-len {cfg.prompt_len} --gen-len {cfg.gen_len}"
     batch = min(SYNTH_BATCH_REQUESTS, cfg.num_requests)
-    need = batch * longest * (L * K * 4 + K * 64) + batch * E * 64
+    need = batch * longest * (L * K * (4 + 2 * SYNTH_AHEAD) + K * 64) + batch * E * 64
     problem = over_budget(need, f"a batch of {batch} requests of up to {longest} tokens", where, budget)
     pilot = min(PILOT_REQUESTS_MAX, max(cfg.num_requests, 40)) if cfg.calibrate else 0
     problem = problem or over_budget(pilot * longest * (4 * K * 4 + K * 64), f"calibrating on {pilot} requests of "
