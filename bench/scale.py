@@ -1,7 +1,8 @@
 """Traces bigger than one machine (issue 26): wall time, tokens x layers per second and peak RSS of ``analyze`` and
 ``simulate`` at 1x, 10x and 100x a base trace, single process (the baseline a user runs today) against
 ``--engine ray`` with 2 local workers, outputs checked byte-identical; and the time of ``synth`` for 1,000
-DeepSeek-V3 requests, against the previous generator on the same batch.
+DeepSeek-V3 requests, with ``--synth-baseline REV`` against the whole command at an earlier revision (alternated, same
+run, traces checked byte-identical).
 
 Traces (all labelled SYNTHETIC in their metadata): the base is ``moeplace synth --preset deepseek-v3`` with
 ``--base-requests`` requests (L=58, E=256, k=8: 464 expert ids per token); the Nx trace is N tiles of the base's
@@ -24,7 +25,7 @@ measured) and once more at the end with ``"complete": true``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -43,7 +44,6 @@ import pyarrow.parquet as pq
 from common import REPO, BenchRun
 
 from moeplace.io import atomic_write_json, make_temp_dir, remove_stale
-from moeplace.simulate.synth_config import SynthConfig
 from moeplace.trace.format import COMPRESSION
 from moeplace.trace.reader import num_token_rows, read_meta, read_requests, shard_files
 from moeplace.trace.types import META_FILE
@@ -78,9 +78,10 @@ def _tree_rss(root: int) -> tuple[int, int]:
     return sum(vals), max(vals, default=0)
 
 
-def run_measured(args: list[str], cwd: Path, timeout: float = 7200) -> dict:
-    """Run ``python -m moeplace ARGS``; wall seconds, peak RSS (tree sum and largest process), exit status."""
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+def run_measured(args: list[str], cwd: Path, timeout: float = 7200, src: Path = SRC) -> dict:
+    """Run ``python -m moeplace ARGS`` (the package under ``src``); wall seconds, peak RSS (tree sum and largest
+    process), exit status."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
     load = os.getloadavg()[0]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -156,44 +157,42 @@ def trace_bytes(p: Path) -> int:
 # ------------------------------------------------------------------------------------------------ synth speed
 
 
-def _old_synth(rev: str):
-    """The synth module as of git revision ``rev`` (the generator before this change), loaded from git."""
-    src = subprocess.run(["git", "show", f"{rev}:src/moeplace/simulate/synth.py"], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / "synth_old.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("synth_old", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["synth_old"] = mod  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(mod)
-    return mod
+def _tree_digest(folder: Path) -> str:
+    """sha256 over a trace folder's files (names and bytes), to check two generators wrote the same trace."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
-def synth_batch_ab(rev: str, requests: int = 64) -> dict:
-    """One batch of ``requests`` DeepSeek-V3 requests by the previous and the current generator: seconds each and
-    whether the routing is identical (same seed, same draws)."""
-    from moeplace.deploy import get_model
-    from moeplace.simulate import synth as new
-
-    old = _old_synth(rev)
-    pre = get_model("deepseek-v3")
-    cfg = SynthConfig(num_requests=requests)
-    out = {}
-    for name, mod in (("current", new), ("previous", old)):
-        rng = np.random.default_rng(0)
-        m = mod._Model(pre.num_layers, pre.num_experts, pre.top_k, cfg, rng)
-        pl, gl = mod._lengths(cfg, rng, requests)
-        dom = rng.integers(0, cfg.num_domains, requests)
-        p = mod._Params(1.0, 0.5, 0.6)
-        mod._gen_batch(m, cfg, p, np.random.default_rng(1), pl[:2], gl[:2], dom[:2], layers=2)  # compile
-        t0 = time.perf_counter()
-        ids = mod._gen_batch(m, cfg, p, np.random.default_rng(1), pl, gl, dom)
-        out[name] = {"seconds": time.perf_counter() - t0, "ids": ids}
-    same = bool(np.array_equal(out["current"]["ids"], out["previous"]["ids"]))
-    return {"requests": requests, "current_seconds": out["current"]["seconds"],
-            "previous_seconds": out["previous"]["seconds"],
-            "speedup": out["previous"]["seconds"] / out["current"]["seconds"], "identical_routing": same,
-            "previous_revision": rev}
+def synth_ab(rev: str, work: Path, requests: int, reps: int = 2) -> dict:
+    """The whole ``synth`` command at git revision ``rev`` (its ``src`` exported from git) and at this checkout,
+    alternated ``reps`` times each after a small warm-up run of both (numba caches); median seconds, the ratio,
+    and whether both wrote byte-identical traces."""
+    old_src = Path(tempfile.mkdtemp(prefix="synth_old_"))
+    tar = subprocess.run(["git", "archive", rev, "src"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old_src)], input=tar, check=True)
+    old_src = old_src / "src"
+    cmd = ["synth", "--preset", "deepseek-v3", "--requests"]
+    runs: dict[str, list[dict]] = {"current": [], "previous": []}
+    digests: dict[str, str] = {}
+    for name, src in (("current", SRC), ("previous", old_src)):
+        d = work / f"synth_warm_{name}.trace"
+        run_measured([*cmd, 8, d, "--quiet"], work, src=src)
+        shutil.rmtree(d, ignore_errors=True)
+    for _ in range(reps):
+        for name, src in (("current", SRC), ("previous", old_src)):
+            d = work / f"synth_ab_{name}.trace"
+            shutil.rmtree(d, ignore_errors=True)
+            runs[name].append(run_measured([*cmd, requests, d, "--quiet"], work, src=src))
+            digests[name] = _tree_digest(d)
+            shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(old_src.parent, ignore_errors=True)
+    med = {k: float(np.median([r["wall_seconds"] for r in v])) for k, v in runs.items()}
+    return {"requests": requests, "previous_revision": rev, "reps": reps, "runs": runs,
+            "current_median_seconds": med["current"], "previous_median_seconds": med["previous"],
+            "speedup": med["previous"] / med["current"], "identical_trace": digests["current"] == digests["previous"],
+            "target_seconds": 60}
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -210,7 +209,8 @@ def main() -> None:
     ap.add_argument("--max-request-bytes", type=int, default=64 << 20,
                     help="analyze --max-request-bytes: the per-request vectors' cap, so RSS is flat once it binds")
     ap.add_argument("--synth-requests", type=int, default=1000, help="0: skip the synth timing")
-    ap.add_argument("--synth-baseline", default=None, help="git revision of the previous generator (A/B batch)")
+    ap.add_argument("--synth-baseline", default=None,
+                    help="git revision of the previous generator: the whole synth command A/B against it")
     ap.add_argument("--work", default=None, help="folder for the traces (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the traces")
     ap.add_argument("--json", default=None)
@@ -281,8 +281,9 @@ def main() -> None:
         body["results"]["synth"] = {**t, "requests": args.synth_requests, "target_seconds": 60,
                                     "issue_reported_seconds": 324}
         shutil.rmtree(d, ignore_errors=True)
-    if args.synth_baseline:
-        body["results"]["synth_batch_ab"] = synth_batch_ab(args.synth_baseline)
+    if args.synth_baseline and args.synth_requests:
+        body["results"]["synth_ab"] = synth_ab(args.synth_baseline, work, args.synth_requests)
+        save()
     if not args.keep and not args.work:
         shutil.rmtree(work, ignore_errors=True)
     body["complete"] = True
