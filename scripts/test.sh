@@ -3,5 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-.venv/bin/python -m pytest --durations=15 "$@"
+# 2 workers (MOEPLACE_TEST_WORKERS), each running whole test files: files that share a fixture or a cluster stay
+# together; every test picks its own ports, names and temporary folders
+.venv/bin/python -m pytest -n "${MOEPLACE_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"
 .venv/bin/ruff check src tests bench scripts
