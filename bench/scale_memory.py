@@ -1,0 +1,119 @@
+"""Where single-process ``analyze``'s peak memory goes as the trace grows (issue 26, "peak RSS flat"): the kernel's
+exact peak RSS of each run, repeated on the same trace, and the peak of what Python and numpy allocate
+(``tracemalloc``), at 1x and 10x a base trace.
+
+``bench/scale.py`` samples RSS every 0.1 s; a short peak (the summary at the end) can fall between samples, and the
+resident size of a process also holds what the allocators keep after a free (glibc's arenas, Arrow's pool) and the
+library pages it touched. This bench separates the two:
+
+- ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` process itself (exact, read at exit), for
+  ``--reps`` runs of each trace: the spread between runs of the same input is the noise a growth must exceed;
+- ``tracemalloc_peak_bytes``: one more run with ``tracemalloc`` on (slower): the largest total of live Python and
+  numpy allocations, which is what the code's own data structures need.
+
+The baseline is the 1x trace in the same run: each size's figures are also given as a ratio to 1x's.
+
+    python bench/scale_memory.py [--base-requests 600] [--sizes 1,10] [--reps 3] [--work DIR] [--json PATH]
+
+Traces are labelled SYNTHETIC (``moeplace synth --preset deepseek-v3``, tiled as in ``bench/scale.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import REPO, BenchRun
+from scale import run_measured, tiled_trace, trace_bytes
+
+from moeplace.trace.reader import num_token_rows
+
+SRC = REPO / "src"
+MAX_REQUEST_BYTES = 64 << 20  # as bench/scale.py: the per-request vectors' cap binds at 1x already
+
+# runs the CLI in this process and prints its peak RSS (and tracemalloc's peak) as the last line on stderr
+_WRAP = """
+import atexit, json, os, resource, runpy, sys, tracemalloc
+trace = os.environ.get("MOEPLACE_BENCH_TRACEMALLOC") == "1"
+if trace:
+    tracemalloc.start(1)
+def report():
+    out = {"maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if trace:
+        out["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
+    sys.stderr.write("\\nMEMORY " + json.dumps(out) + "\\n")
+atexit.register(report)
+sys.argv = ["moeplace", *sys.argv[1:]]
+runpy.run_module("moeplace", run_name="__main__")
+"""
+
+
+def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
+    """One ``analyze`` of ``trace``: wall seconds and the process's own peak figures."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "MOEPLACE_BENCH_TRACEMALLOC": "1" if tracemalloc else "0"}
+    t0 = time.perf_counter()
+    if out.exists():
+        out.unlink()
+    p = subprocess.run([sys.executable, "-c", _WRAP, "analyze", str(trace), "--json", str(out), "--no-progress",
+                        "--max-request-bytes", str(MAX_REQUEST_BYTES)], env=env, capture_output=True, text=True,
+                       timeout=7200)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"analyze {trace} failed ({p.returncode}): {p.stderr[-2000:]}")
+    line = [x for x in p.stderr.splitlines() if x.startswith("MEMORY ")][-1]
+    return {"wall_seconds": wall, "loadavg_at_start": os.getloadavg()[0], **json.loads(line[len("MEMORY "):])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-requests", type=int, default=600)
+    ap.add_argument("--sizes", default="1,10")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    run = BenchRun("scale_memory", baseline="the 1x trace, same run")
+    work = Path(args.work or tempfile.mkdtemp(prefix="moeplace-scale-mem-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = work / "base.trace"
+    if not base.exists():
+        run_measured(["synth", "--preset", "deepseek-v3", "--requests", args.base_requests, base, "--quiet"], work)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    res: list[dict] = []
+    body = {"params": vars(args), "complete": False, "results": {"sizes": res}}
+    for n in sizes:
+        tr = base if n == 1 else tiled_trace(base, work / f"x{n}.trace", n)
+        cell = {"size": n, "trace_gb": trace_bytes(tr) / 1e9, "tokens": num_token_rows(tr), "runs": []}
+        res.append(cell)
+        for _ in range(args.reps):
+            cell["runs"].append(analyze_peak(tr, work / "a.json", tracemalloc=False))
+            print(f"{n}x: maxrss {cell['runs'][-1]['maxrss_bytes'] / 1e9:.3f} GB", flush=True)
+        cell["traced"] = analyze_peak(tr, work / "a.json", tracemalloc=True)
+        print(f"{n}x: tracemalloc peak {cell['traced']['tracemalloc_peak_bytes'] / 1e9:.3f} GB", flush=True)
+        m = [r["maxrss_bytes"] for r in cell["runs"]]
+        cell.update(maxrss_median_bytes=float(np.median(m)), maxrss_min_bytes=min(m), maxrss_max_bytes=max(m),
+                    maxrss_spread=(max(m) - min(m)) / float(np.median(m)),
+                    tracemalloc_peak_bytes=cell["traced"]["tracemalloc_peak_bytes"])
+        one = res[0]
+        cell["maxrss_median_vs_1x"] = cell["maxrss_median_bytes"] / one["maxrss_median_bytes"]
+        cell["tracemalloc_peak_vs_1x"] = cell["tracemalloc_peak_bytes"] / one["tracemalloc_peak_bytes"]
+        if args.json:
+            run.write(body, args.json)
+        if n != 1:
+            shutil.rmtree(tr, ignore_errors=True)
+    body["complete"] = True
+    run.write(body, args.json)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
