@@ -33,7 +33,11 @@ The gain per step is ``(1 - r) T / s``, its lower confidence bound ``G_lo = (1 -
 when ``G_lo x horizon_steps > 0`` and ``G_lo x horizon_steps > margin x C``, with ``C`` the migration time of plan
 in force -> deployed placement (:func:`moeplace.operate.migration.migration_plan`: changed slots x expert bytes on
 the busiest link / its bandwidth): the lower bound of the gain over the
-``horizon_steps`` steps the move is expected to stay in force must pay for it. Window 0 has no earlier window to
+``horizon_steps`` steps the move is expected to stay in force must pay for it. ``moeplace`` also keeps a ledger
+(``pay_back``): after a move, each window charges its saving (predicted time under the plan before the move minus
+under the plan in force, on the window's micro-batches) against the move's migration time; what is not yet paid back
+(``owed_s``) is added to ``C`` for the next move, and the ledger closes once the saving covers it. A stream whose mix
+changes before a move pays back so stops adding moves to an unpaid one. Window 0 has no earlier window to
 score on: no move. On a stationary stream (the same requests shuffled) whose plan already fits the traffic, a
 re-fitted placement gains nothing beyond noise on a window it did not see, so nothing moves.
 """
@@ -151,7 +155,8 @@ class Evidence:
 
 
 def gain_evidence(obs: Observation, current: np.ndarray, scored: np.ndarray, deploy: np.ndarray, ctx: Context,
-                  horizon_steps: int, margin: float, scored_mb: np.ndarray | None = None) -> Evidence:
+                  horizon_steps: int, margin: float, scored_mb: np.ndarray | None = None, owed_s: float = 0.0
+                  ) -> Evidence:
     """The evidence test (module docstring): ``scored`` (int [L, P], built without the newest window) is compared
     with ``current`` on the newest window's micro-batches; the move priced is ``current`` -> ``deploy`` (the same
     construction on the load with the newest window). ``scored_mb``: float [B, L] the scored placement's predicted
@@ -171,7 +176,7 @@ def gain_evidence(obs: Observation, current: np.ndarray, scored: np.ndarray, dep
     lo_gain = (1.0 - ci.hi) * T / s
     over = lo_gain * horizon_steps
     return Evidence(ci.ratio, ci.lo, ci.hi, (1.0 - ci.ratio) * T / s, lo_gain, over, mig.seconds, mig.bytes,
-                    bool(over > 0 and over > margin * mig.seconds))
+                    bool(over > 0 and over > margin * (mig.seconds + owed_s)))
 
 
 @dataclass
@@ -280,7 +285,23 @@ class MoePlace(Policy):
     horizon_steps: int = SGLANG_REBALANCE_STEPS  # steps a change is expected to pay back over
     margin: float = 1.0  # move only when the gain's lower bound over the horizon > margin x migration time
     chunk_layers: int = 0  # layers changed per decision at most (0: a quarter of the layers, at least 1)
+    pay_back: bool = True  # a move must also pay what the earlier moves still owe (:meth:`settle`)
     last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
+
+    def __post_init__(self) -> None:
+        self._anchor: np.ndarray | None = None  # int [L, P]: the plan in force before the moves that still owe
+        self.debt_s = 0.0  # their migration seconds minus the time they saved since (predicted, window by window)
+
+    def settle(self, obs: Observation) -> None:
+        """Charge the newest window's saving to the moves that still owe: the predicted time of its micro-batches
+        under the plan before them minus under the plan in force. At <= 0 they have paid back (nothing owed)."""
+        if obs.window == 0:
+            self._anchor, self.debt_s = None, 0.0
+        if self._anchor is None:
+            return
+        self.debt_s -= float(obs.predict_mb(self._anchor).sum() - obs.layer_time_mb.sum())
+        if self.debt_s <= 0:
+            self._anchor, self.debt_s = None, 0.0
 
     def decide(self, obs: Observation, state: PolicyState, ctx: Context) -> np.ndarray | None:
         import numpy as np
@@ -288,6 +309,7 @@ class MoePlace(Policy):
         from moeplace.operate.migration import migration_plan
 
         self.last = {"window": obs.window, "layers": []}
+        self.settle(obs)
         if state.ema_before is None:
             self.last["reason"] = "no earlier window to build a candidate from"
             return None
@@ -320,13 +342,15 @@ class MoePlace(Policy):
             for li in layers:
                 sc[li], new[li] = scored[best[li]][li], deploy[best[li]][li]
                 sc_mb[:, li] = mb[best[li]][:, li]
-            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb)
+            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb,
+                              self.debt_s if self.pay_back else 0.0)
             if e.moves and (ev is None or e.horizon_gain_lo_s - e.cost_s > ev.horizon_gain_lo_s - ev.cost_s):
                 chosen, ev = layers, e
         self.last = {"window": obs.window, "layers": sorted(chosen),
                      "candidates": {str(li): str(best[li]) for li in chosen},
                      "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0,
                      "considered_layers": len(order), "evidence": ev.to_json() if ev else None,
+                     "owed_s": self.debt_s if self.pay_back else 0.0,
                      "reason": "the gain's lower bound pays" if chosen else
                      ("no layer gains on the newest window" if not order else
                       "the gain's lower bound does not pay for the migration")}
@@ -335,6 +359,9 @@ class MoePlace(Policy):
         new = cur.copy()
         for li in chosen:
             new[li] = deploy[best[li]][li]
+        if self._anchor is None:
+            self._anchor = cur.copy()
+        self.debt_s += ev.cost_s
         return new
 
     @staticmethod
@@ -376,7 +403,7 @@ _ALL = (
                "pays", MoePlace,
                (HORIZON_STEPS, MARGIN,
                 Param("chunk_layers", int, 0, "layers changed per decision at most (0: a quarter of the layers)",
-                      0, 1 << 20))),
+                      0, 1 << 20)), (("pay_back", True),)),
 )
 POLICIES: dict[str, PolicySpec] = {s.name: s for s in _ALL}
 
