@@ -1,6 +1,6 @@
 """Where single-process ``analyze``'s peak memory goes as the trace grows (issue 26, "peak RSS flat"): the kernel's
 exact peak RSS of each run, repeated on the same trace, and the peak of what Python and numpy allocate
-(``tracemalloc``), at 1x and 10x a base trace.
+(``tracemalloc``), at 1x, 10x and 100x a base trace (0.2, 2 and 20 GB by default).
 
 ``bench/scale.py`` samples RSS every 0.1 s; a short peak (the summary at the end) can fall between samples, and the
 resident size of a process also holds what the allocators keep after a free (glibc's arenas, Arrow's pool) and the
@@ -8,12 +8,13 @@ library pages it touched. This bench separates the two:
 
 - ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` process itself (exact, read at exit), for
   ``--reps`` runs of each trace: the spread between runs of the same input is the noise a growth must exceed;
-- ``tracemalloc_peak_bytes``: one more run with ``tracemalloc`` on (slower): the largest total of live Python and
-  numpy allocations, which is what the code's own data structures need.
+- ``tracemalloc_peak_bytes``: one more run with ``tracemalloc`` on (slower; up to ``--traced-max``): the largest
+  total of live Python and numpy allocations, which is what the code's own data structures need.
 
 The baseline is the 1x trace in the same run: each size's figures are also given as a ratio to 1x's.
 
-    python bench/scale_memory.py [--base-requests 600] [--sizes 1,10] [--reps 3] [--work DIR] [--json PATH]
+    python bench/scale_memory.py [--base-requests 600] [--sizes 1,10,100] [--reps 3] [--large-reps 1]
+                                 [--traced-max 10] [--work DIR] [--json PATH]
 
 Traces are labelled SYNTHETIC (``moeplace synth --preset deepseek-v3``, tiled as in ``bench/scale.py``).
 """
@@ -75,8 +76,10 @@ def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-requests", type=int, default=600)
-    ap.add_argument("--sizes", default="1,10")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sizes", default="1,10,100")
+    ap.add_argument("--reps", type=int, default=3, help="runs of each trace below 25x")
+    ap.add_argument("--large-reps", type=int, default=1, help="runs of each trace of 25x and more (20 min at 100x)")
+    ap.add_argument("--traced-max", type=int, default=10, help="the tracemalloc run only up to this size (2x slower)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -93,18 +96,21 @@ def main() -> None:
         tr = base if n == 1 else tiled_trace(base, work / f"x{n}.trace", n)
         cell = {"size": n, "trace_gb": trace_bytes(tr) / 1e9, "tokens": num_token_rows(tr), "runs": []}
         res.append(cell)
-        for _ in range(args.reps):
+        for _ in range(args.reps if n < 25 else args.large_reps):
             cell["runs"].append(analyze_peak(tr, work / "a.json", tracemalloc=False))
             print(f"{n}x: maxrss {cell['runs'][-1]['maxrss_bytes'] / 1e9:.3f} GB", flush=True)
-        cell["traced"] = analyze_peak(tr, work / "a.json", tracemalloc=True)
-        print(f"{n}x: tracemalloc peak {cell['traced']['tracemalloc_peak_bytes'] / 1e9:.3f} GB", flush=True)
+        if n <= args.traced_max:
+            cell["traced"] = analyze_peak(tr, work / "a.json", tracemalloc=True)
+            cell["tracemalloc_peak_bytes"] = cell["traced"]["tracemalloc_peak_bytes"]
+            print(f"{n}x: tracemalloc peak {cell['tracemalloc_peak_bytes'] / 1e9:.3f} GB", flush=True)
         m = [r["maxrss_bytes"] for r in cell["runs"]]
         cell.update(maxrss_median_bytes=float(np.median(m)), maxrss_min_bytes=min(m), maxrss_max_bytes=max(m),
-                    maxrss_spread=(max(m) - min(m)) / float(np.median(m)),
-                    tracemalloc_peak_bytes=cell["traced"]["tracemalloc_peak_bytes"])
+                    maxrss_spread=(max(m) - min(m)) / float(np.median(m)))
         one = res[0]
         cell["maxrss_median_vs_1x"] = cell["maxrss_median_bytes"] / one["maxrss_median_bytes"]
-        cell["tracemalloc_peak_vs_1x"] = cell["tracemalloc_peak_bytes"] / one["tracemalloc_peak_bytes"]
+        cell["maxrss_max_vs_1x_min"] = cell["maxrss_max_bytes"] / one["maxrss_min_bytes"]
+        if "tracemalloc_peak_bytes" in cell and "tracemalloc_peak_bytes" in one:
+            cell["tracemalloc_peak_vs_1x"] = cell["tracemalloc_peak_bytes"] / one["tracemalloc_peak_bytes"]
         if args.json:
             run.write(body, args.json)
         if n != 1:
