@@ -32,9 +32,6 @@ from typing import Any
 
 ENGINES = ("local", "ray")
 KILL_ONCE_ENV = "MOEPLACE_ENGINE_KILL_ONCE"  # test hook: see the module docstring
-# Threads a stage's compiled kernels may use (moeplace.simulate.loops.kernel_threads). A Ray task holds one CPU, so
-# its worker runs them on one thread unless the user set it: 2 workers x 2 kernel threads on 2 cores oversubscribe.
-KERNEL_THREADS_ENV = "MOEPLACE_SIM_THREADS"
 DEFAULT_LOCAL_CPUS = 2  # workers of the local Ray cluster started without --address
 TASKS_PER_WORKER = 4  # items a stage cuts its work into per worker: few parts to merge, and still a balanced tail
 DEFAULT_MAX_RETRIES = 3  # runs of a task whose worker died, after the first
@@ -68,7 +65,6 @@ def owned(result: Any) -> Any:
 
 def _call(fn: Callable, item: Any, marker: str | None, *shared: Any) -> Any:
     _kill_once(marker)
-    os.environ.setdefault(KERNEL_THREADS_ENV, "1")  # the task's one CPU (Ray's default num_cpus per task)
     return fn(item, *shared)
 
 

@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
-from moeplace.engine import KERNEL_THREADS_ENV
-
 
 @njit(cache=True, nogil=True, inline="always")
 def first_visit(seen, i, stamp):
@@ -600,9 +598,8 @@ _POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
 
 
 def kernel_threads() -> int:
-    """Kernel threads: MOEPLACE_SIM_THREADS (:data:`moeplace.engine.KERNEL_THREADS_ENV`; a Ray task sets it to 1
-    unless the user did), else the CPUs this process may use (at most 8)."""
-    env = os.environ.get(KERNEL_THREADS_ENV)
+    """Kernel threads: MOEPLACE_SIM_THREADS, else the CPUs this process may use (at most 8)."""
+    env = os.environ.get("MOEPLACE_SIM_THREADS")
     if env:
         return max(1, int(env))
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
