@@ -49,6 +49,7 @@ from moeplace.trace.reader import num_token_rows, read_meta, read_requests, shar
 from moeplace.trace.types import META_FILE
 
 SRC = REPO / "src"
+MAX_REQUEST_BYTES = 64 << 20  # analyze --max-request-bytes: the per-request vectors' cap binds at 1x already
 
 
 # ------------------------------------------------------------------------------------------------ measuring
@@ -206,7 +207,7 @@ def main() -> None:
     ap.add_argument("--max-gb", type=float, default=20.0, help="largest trace on disk, GB")
     ap.add_argument("--engines", default="local,ray")
     ap.add_argument("--commands", default="analyze,simulate")
-    ap.add_argument("--max-request-bytes", type=int, default=64 << 20,
+    ap.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
                     help="analyze --max-request-bytes: the per-request vectors' cap, so RSS is flat once it binds")
     ap.add_argument("--synth-requests", type=int, default=1000, help="0: skip the synth timing")
     ap.add_argument("--synth-baseline", default=None,

@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 from common import REPO, BenchRun
-from scale import run_measured, tiled_trace, trace_bytes
+from scale import MAX_REQUEST_BYTES, run_measured, tiled_trace, trace_bytes
 
 from moeplace.trace.reader import num_token_rows
 
 SRC = REPO / "src"
-MAX_REQUEST_BYTES = 64 << 20  # as bench/scale.py: the per-request vectors' cap binds at 1x already
 
 # runs the CLI in this process and prints its peak RSS (and tracemalloc's peak) as the last line on stderr
 _WRAP = """
@@ -63,6 +62,7 @@ def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
     t0 = time.perf_counter()
     if out.exists():
         out.unlink()
+    load = os.getloadavg()[0]
     p = subprocess.run([sys.executable, "-c", _WRAP, "analyze", str(trace), "--json", str(out), "--no-progress",
                         "--max-request-bytes", str(MAX_REQUEST_BYTES)], env=env, capture_output=True, text=True,
                        timeout=7200)
@@ -70,7 +70,7 @@ def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"analyze {trace} failed ({p.returncode}): {p.stderr[-2000:]}")
     line = [x for x in p.stderr.splitlines() if x.startswith("MEMORY ")][-1]
-    return {"wall_seconds": wall, "loadavg_at_start": os.getloadavg()[0], **json.loads(line[len("MEMORY "):])}
+    return {"wall_seconds": wall, "loadavg_at_start": load, **json.loads(line[len("MEMORY "):])}
 
 
 def main() -> None:

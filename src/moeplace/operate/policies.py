@@ -290,7 +290,7 @@ class MoePlace(Policy):
 
     def __post_init__(self) -> None:
         self._anchor: np.ndarray | None = None  # int [L, P]: the plan in force before the moves that still owe
-        self.debt_s = 0.0  # their migration seconds minus the time they saved since (predicted, window by window)
+        self.debt_s = 0.0  # their migration seconds minus the time they saved since (predicted; 0 without pay_back)
 
     def settle(self, obs: Observation) -> None:
         """Charge the newest window's saving to the moves that still owe: the predicted time of its micro-batches
@@ -309,7 +309,8 @@ class MoePlace(Policy):
         from moeplace.operate.migration import migration_plan
 
         self.last = {"window": obs.window, "layers": []}
-        self.settle(obs)
+        if self.pay_back:
+            self.settle(obs)
         if state.ema_before is None:
             self.last["reason"] = "no earlier window to build a candidate from"
             return None
@@ -342,15 +343,14 @@ class MoePlace(Policy):
             for li in layers:
                 sc[li], new[li] = scored[best[li]][li], deploy[best[li]][li]
                 sc_mb[:, li] = mb[best[li]][:, li]
-            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb,
-                              self.debt_s if self.pay_back else 0.0)
+            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb, self.debt_s)
             if e.moves and (ev is None or e.horizon_gain_lo_s - e.cost_s > ev.horizon_gain_lo_s - ev.cost_s):
                 chosen, ev = layers, e
         self.last = {"window": obs.window, "layers": sorted(chosen),
                      "candidates": {str(li): str(best[li]) for li in chosen},
                      "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0,
                      "considered_layers": len(order), "evidence": ev.to_json() if ev else None,
-                     "owed_s": self.debt_s if self.pay_back else 0.0,
+                     "owed_s": self.debt_s,
                      "reason": "the gain's lower bound pays" if chosen else
                      ("no layer gains on the newest window" if not order else
                       "the gain's lower bound does not pay for the migration")}
@@ -359,9 +359,10 @@ class MoePlace(Policy):
         new = cur.copy()
         for li in chosen:
             new[li] = deploy[best[li]][li]
-        if self._anchor is None:
-            self._anchor = cur.copy()
-        self.debt_s += ev.cost_s
+        if self.pay_back:
+            if self._anchor is None:
+                self._anchor = cur.copy()
+            self.debt_s += ev.cost_s
         return new
 
     @staticmethod

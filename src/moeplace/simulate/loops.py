@@ -617,8 +617,3 @@ def by_ranges(kernel, n: int, *args) -> list:
         _POOL = (os.getpid(), k, ThreadPoolExecutor(max_workers=k, thread_name_prefix="moeplace-sim"))
     futs = [_POOL[2].submit(kernel, *args, cuts[i], cuts[i + 1]) for i in range(k)]
     return [f.result() for f in futs]
-
-
-def by_layers(kernel, L: int, *args) -> list:
-    """:func:`by_ranges` over the layers [0, L) (layers share no accumulator)."""
-    return by_ranges(kernel, L, *args)

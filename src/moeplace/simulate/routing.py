@@ -186,7 +186,7 @@ def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: n
     cc = (costs or ReplicaCosts()).matrix(tab.node_of_gpu)
     base = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
     pick = np.zeros((len(rows), L, K), np.int16)
-    bad = loops.by_layers(loops.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
+    bad = loops.by_ranges(loops.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
                             np.ascontiguousarray(home, np.int64), np.ascontiguousarray(starts, np.int64),
                             tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule == "balanced", base, pick)
     if max(bad) >= 0:

@@ -172,7 +172,7 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
     rows_o = np.ascontiguousarray(np.asarray(rows)[order], np.int64)
     home_o = np.ascontiguousarray(np.asarray(home)[order], np.int64)
     pick = ctx.pick(ids, rows_o, home_o, starts)
-    bad = loops.by_layers(loops.microbatch_kernel, L, ids, rows_o, home_o,
+    bad = loops.by_ranges(loops.microbatch_kernel, L, ids, rows_o, home_o,
                             starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
                             counts["per_gpu"], counts["two_hop"], sends_pg, node_sends, local, node_local,
                             active, pair_counts)
