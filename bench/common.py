@@ -12,6 +12,7 @@ name of the baseline the bench measured in the same run.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -99,6 +100,22 @@ class BenchRun:
         print(f"wrote {dest} (load average before {fmt_load(self.loadavg_before)}, after "
               f"{fmt_load(ctx['loadavg_after'])})")
         return dest
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse answers anything else with exit 2 and the flag's name)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type: a comma-separated list of integers >= 1 (``1,10,100``)."""
+    return [positive_int(x) for x in text.split(",")]
 
 
 def fmt_load(la: list[float]) -> str:

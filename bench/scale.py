@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from common import REPO, BenchRun
+from common import REPO, BenchRun, positive_int, positive_ints
 
 from moeplace.io import atomic_write_json, make_temp_dir, remove_stale
 from moeplace.trace.format import COMPRESSION
@@ -201,7 +201,7 @@ def synth_ab(rev: str, work: Path, requests: int, reps: int = 2) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-requests", type=int, default=600,
+    ap.add_argument("--base-requests", type=positive_int, default=600,
                     help="requests of the 1x trace (600: 0.2 GB, more than --max-request-bytes tracks)")
     ap.add_argument("--sizes", default="1,10,25,100")
     ap.add_argument("--max-gb", type=float, default=20.0, help="largest trace on disk, GB")
@@ -216,6 +216,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the traces")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    try:
+        sizes = positive_ints(args.sizes)
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--sizes: {e}")
+    if args.work and Path(args.work).exists() and not Path(args.work).is_dir():
+        ap.error(f"--work {args.work}: exists and is not a folder")
     run = BenchRun("scale", baseline="the single-process path (no --engine) on the same trace, same run")
     work = Path(args.work or tempfile.mkdtemp(prefix="moeplace-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -235,7 +241,6 @@ def main() -> None:
         body["results"]["base_synth"] = {**t, "requests": args.base_requests}
     base_gb = trace_bytes(base) / 1e9
     free_gb = shutil.disk_usage(work).free / 1e9
-    sizes = [int(x) for x in args.sizes.split(",")]
     fit = [n for n in sizes if n * base_gb <= min(args.max_gb, 0.8 * free_gb) or n == 1]
     if fit != sizes:
         notes.append(f"sizes {sorted(set(sizes) - set(fit))}x left out: {base_gb:.2f} GB per 1x, --max-gb "

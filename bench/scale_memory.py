@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, BenchRun
+from common import REPO, BenchRun, positive_int, positive_ints
 from scale import MAX_REQUEST_BYTES, run_measured, tiled_trace, trace_bytes
 
 from moeplace.trace.reader import num_token_rows
@@ -75,21 +75,28 @@ def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base-requests", type=int, default=600)
+    ap.add_argument("--base-requests", type=positive_int, default=600)
     ap.add_argument("--sizes", default="1,10,100")
-    ap.add_argument("--reps", type=int, default=3, help="runs of each trace below 25x")
-    ap.add_argument("--large-reps", type=int, default=1, help="runs of each trace of 25x and more (20 min at 100x)")
-    ap.add_argument("--traced-max", type=int, default=10, help="the tracemalloc run only up to this size (2x slower)")
+    ap.add_argument("--reps", type=positive_int, default=3, help="runs of each trace below 25x")
+    ap.add_argument("--large-reps", type=positive_int, default=1,
+                    help="runs of each trace of 25x and more (20 min at 100x)")
+    ap.add_argument("--traced-max", type=positive_int, default=10,
+                    help="the tracemalloc run only up to this size (2x slower)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    try:
+        sizes = positive_ints(args.sizes)
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--sizes: {e}")
+    if args.work and Path(args.work).exists() and not Path(args.work).is_dir():
+        ap.error(f"--work {args.work}: exists and is not a folder")
     run = BenchRun("scale_memory", baseline="the 1x trace, same run")
     work = Path(args.work or tempfile.mkdtemp(prefix="moeplace-scale-mem-"))
     work.mkdir(parents=True, exist_ok=True)
     base = work / "base.trace"
     if not base.exists():
         run_measured(["synth", "--preset", "deepseek-v3", "--requests", args.base_requests, base, "--quiet"], work)
-    sizes = [int(x) for x in args.sizes.split(",")]
     res: list[dict] = []
     body = {"params": vars(args), "complete": False, "results": {"sizes": res}}
     for n in sizes:

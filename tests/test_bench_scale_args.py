@@ -1,0 +1,31 @@
+"""The scale benchmarks answer a wrong flag with exit 2 and one line naming it (argparse), never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("bench", ["scale.py", "scale_memory.py"])
+@pytest.mark.parametrize(("args", "says"), [(["--sizes", "1,x"], "--sizes"), (["--sizes", "0"], "--sizes"),
+                                            (["--base-requests", "-3"], "--base-requests"),
+                                            (["--work", str(REPO / "README.md")], "not a folder")])
+def test_wrong_flag_is_exit_2_naming_it(bench, args, says):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    p = subprocess.run([sys.executable, str(REPO / "bench" / bench), *args], cwd=REPO / "bench", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert says in p.stderr and "Traceback" not in p.stderr
+
+
+def test_reps_must_be_positive():
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "scale_memory.py"), "--reps", "0"], cwd=REPO / "bench",
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--reps" in p.stderr and "Traceback" not in p.stderr
