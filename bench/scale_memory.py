@@ -1,4 +1,4 @@
-"""Where single-process ``analyze``'s peak memory goes as the trace grows (issue 26, "peak RSS flat"): the kernel's
+"""Where single-process ``analyze``'s (or, with ``--command simulate``, ``simulate``'s) peak memory goes as the trace grows (issue 26, "peak RSS flat"): the kernel's
 exact peak RSS of each run, repeated on the same trace, and the peak of what Python and numpy allocate
 (``tracemalloc``), at 1x, 10x and 100x a base trace (0.2, 2 and 20 GB by default).
 
@@ -6,7 +6,7 @@ exact peak RSS of each run, repeated on the same trace, and the peak of what Pyt
 resident size of a process also holds what the allocators keep after a free (glibc's arenas, Arrow's pool) and the
 library pages it touched. This bench separates the two:
 
-- ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` process itself (exact, read at exit), for
+- ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` (or ``simulate``) process itself (exact, read at exit), for
   ``--reps`` runs of each trace: the spread between runs of the same input is the noise a growth must exceed;
 - ``tracemalloc_peak_bytes``: one more run with ``tracemalloc`` on (slower; up to ``--traced-max``): the largest
   total of live Python and numpy allocations, which is what the code's own data structures need.
@@ -14,7 +14,7 @@ library pages it touched. This bench separates the two:
 The baseline is the 1x trace in the same run: each size's figures are also given as a ratio to 1x's.
 
     python bench/scale_memory.py [--base-requests 600] [--sizes 1,10,100] [--reps 3] [--large-reps 1]
-                                 [--traced-max 10] [--work DIR] [--json PATH]
+                                 [--traced-max 10] [--command analyze|simulate] [--work DIR] [--json PATH]
 
 Traces are labelled SYNTHETIC (``moeplace synth --preset deepseek-v3``, tiled as in ``bench/scale.py``).
 """
@@ -56,19 +56,25 @@ runpy.run_module("moeplace", run_name="__main__")
 """
 
 
-def analyze_peak(trace: Path, out: Path, tracemalloc: bool) -> dict:
-    """One ``analyze`` of ``trace``: wall seconds and the process's own peak figures."""
+COMMANDS = {  # the single-process command measured, as bench/scale.py runs it
+    "analyze": lambda tr, out: ["analyze", str(tr), "--json", str(out), "--no-progress",
+                                "--max-request-bytes", str(MAX_REQUEST_BYTES)],
+    "simulate": lambda tr, out: ["simulate", str(tr), "--cluster", "4x8", "--json", str(out)],
+}
+
+
+def analyze_peak(trace: Path, out: Path, tracemalloc: bool, command: str = "analyze") -> dict:
+    """One run of ``command`` (analyze or simulate) on ``trace``: wall seconds and the process's own peak figures."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "MOEPLACE_BENCH_TRACEMALLOC": "1" if tracemalloc else "0"}
     t0 = time.perf_counter()
     if out.exists():
         out.unlink()
     load = os.getloadavg()[0]
-    p = subprocess.run([sys.executable, "-c", _WRAP, "analyze", str(trace), "--json", str(out), "--no-progress",
-                        "--max-request-bytes", str(MAX_REQUEST_BYTES)], env=env, capture_output=True, text=True,
-                       timeout=7200)
+    p = subprocess.run([sys.executable, "-c", _WRAP, *COMMANDS[command](trace, out)], env=env, capture_output=True,
+                       text=True, timeout=7200)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        raise RuntimeError(f"analyze {trace} failed ({p.returncode}): {p.stderr[-2000:]}")
+        raise RuntimeError(f"{command} {trace} failed ({p.returncode}): {p.stderr[-2000:]}")
     line = [x for x in p.stderr.splitlines() if x.startswith("MEMORY ")][-1]
     return {"wall_seconds": wall, "loadavg_at_start": load, **json.loads(line[len("MEMORY "):])}
 
@@ -83,6 +89,8 @@ def main() -> None:
     ap.add_argument("--traced-max", type=positive_int, default=10,
                     help="the tracemalloc run only up to this size (2x slower)")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--command", choices=sorted(COMMANDS), default="analyze",
+                    help="the single-process command measured (simulate: on a 4x8 cluster, as bench/scale.py)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     try:
@@ -104,10 +112,10 @@ def main() -> None:
         cell = {"size": n, "trace_gb": trace_bytes(tr) / 1e9, "tokens": num_token_rows(tr), "runs": []}
         res.append(cell)
         for _ in range(args.reps if n < 25 else args.large_reps):
-            cell["runs"].append(analyze_peak(tr, work / "a.json", tracemalloc=False))
+            cell["runs"].append(analyze_peak(tr, work / "a.json", tracemalloc=False, command=args.command))
             print(f"{n}x: maxrss {cell['runs'][-1]['maxrss_bytes'] / 1e9:.3f} GB", flush=True)
         if n <= args.traced_max:
-            cell["traced"] = analyze_peak(tr, work / "a.json", tracemalloc=True)
+            cell["traced"] = analyze_peak(tr, work / "a.json", tracemalloc=True, command=args.command)
             cell["tracemalloc_peak_bytes"] = cell["traced"]["tracemalloc_peak_bytes"]
             print(f"{n}x: tracemalloc peak {cell['tracemalloc_peak_bytes'] / 1e9:.3f} GB", flush=True)
         m = [r["maxrss_bytes"] for r in cell["runs"]]

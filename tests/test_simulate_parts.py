@@ -44,7 +44,31 @@ def test_ranges_cover_every_shard_once():
     assert [i for p in parts for i in p.shards] == list(range(len(shard_files(FG))))
 
 
-def test_result_memory_is_checked_before_routing(monkeypatch):
+def test_small_budget_spills_and_gives_the_same_answer(monkeypatch, tmp_path):
+    # 64M: an 8 MB in-memory buffer, so the metrics of these 33,088 decode micro-batches go to spill files
+    import moeplace.simulate.simulator as sim
+
+    kw = dict(cluster=Cluster(2, 4), batching=BatchConfig(decode_batch=4, prefill_tokens=64))
+    with monkeypatch.context() as m:
+        m.setattr(sim, "SPILL_BYTES", 1 << 40)  # everything in memory
+        ref = simulate(FG, **kw)
+    assert not ref.decode.per_microbatch.spilled
     monkeypatch.setenv("MOEPLACE_MEMORY_BUDGET", "64M")  # the trace itself streams in far less
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    res = simulate(FG, **kw)
+    assert res.decode.per_microbatch.spilled
+    assert list(tmp_path.iterdir())  # the spill folder, while the result lives
+    assert json.dumps(res.to_json(), sort_keys=True) == json.dumps(ref.to_json(), sort_keys=True)
+    for k in ("layer_time", "pairs", "per_gpu.inter_node_sends"):  # whole metrics read back in micro-batch order
+        assert (res.decode.per_microbatch[k] == ref.decode.per_microbatch[k]).all()
+    del res
+    import gc
+
+    gc.collect()
+    assert not list(tmp_path.iterdir())  # removed with the result
+
+
+def test_result_memory_is_checked_before_routing(monkeypatch):
+    monkeypatch.setenv("MOEPLACE_MEMORY_BUDGET", "2M")  # less than the metrics' in-memory part needs
     with pytest.raises(TraceError, match="per-micro-batch metrics"):
         simulate(FG, cluster=Cluster(2, 4), batching=BatchConfig(decode_batch=4, prefill_tokens=64))

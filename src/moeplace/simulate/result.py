@@ -18,6 +18,7 @@ from moeplace.simulate import routing
 from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.kernels import KERNELS
+from moeplace.simulate.mbstore import MicrobatchMetrics, reduce_layers
 from moeplace.simulate.routing import DEDUP_MODES
 
 
@@ -40,21 +41,21 @@ def layer_time_us_per_microbatch(phases: dict[str, dict | None]) -> dict[str, fl
     return out
 
 
-def _stat_additive(x: np.ndarray) -> dict:
-    """x: [B, L] per micro-batch and layer."""
-    if x.shape[0] == 0:
-        return {"total": 0.0, "per_layer": [0.0] * x.shape[1], "median_microbatch": 0.0,
-                "median_per_layer": [0.0] * x.shape[1]}
-    return {"total": float(x.sum()), "per_layer": x.sum(0).astype(float).tolist(),
-            "median_microbatch": float(np.median(x.sum(1))), "median_per_layer": np.median(x, 0).tolist()}
+def _stat(pm: MicrobatchMetrics, keys: tuple[str, ...], fn=None, how: str = "sum") -> dict:
+    """Totals, per-layer values and medians of ``fn(*keys)`` (float [B, L]; None: the one key) over micro-batches:
+    ``how`` "sum" adds (total = sum over layers of the per-layer sums), "max" takes maxima."""
+    per_layer, median, row = reduce_layers(pm, keys, fn, how)
+    if pm.num_microbatches == 0:
+        return {"total": 0.0, "per_layer": [0.0] * pm.num_layers, "median_microbatch": 0.0,
+                "median_per_layer": [0.0] * pm.num_layers}
+    total = float(per_layer.sum()) if how == "sum" else float(per_layer.max() if len(per_layer) else 0.0)
+    return {"total": total, "per_layer": per_layer.tolist(),
+            "median_microbatch": float(np.median(row)) if len(per_layer) else 0.0,
+            "median_per_layer": median.tolist()}
 
 
-def _stat_max(x: np.ndarray) -> dict:
-    if x.shape[0] == 0:
-        return {"total": 0.0, "per_layer": [0.0] * x.shape[1], "median_microbatch": 0.0,
-                "median_per_layer": [0.0] * x.shape[1]}
-    return {"total": float(x.max()), "per_layer": x.max(0).astype(float).tolist(),
-            "median_microbatch": float(np.median(x.max(1))), "median_per_layer": np.median(x, 0).tolist()}
+def _scaled(k: float):
+    return lambda x: x * k
 
 
 def _ratio(a: np.ndarray, b: np.ndarray, empty: float) -> np.ndarray:
@@ -77,13 +78,21 @@ class PhaseResult:
     local_pairs: np.ndarray  # int64 [L] pairs served on the token's home GPU
     node_local_pairs: np.ndarray  # int64 [L] pairs served on the home GPU's node
     sends: dict  # mode ("per_gpu", "two_hop") -> int64 [L, W, W] sends source -> destination (diagonal: intra-GPU)
-    per_microbatch: dict  # name -> [B, L] (see moeplace.simulate.cost.microbatch_metrics); sorted by microbatch_ids
+    # name -> [B, L] (see moeplace.simulate.cost.microbatch_metrics), in microbatch_ids order; a plain dict of arrays
+    # is taken as it is (moeplace.simulate.mbstore.MicrobatchMetrics holds a replay's, spilled to files when large)
+    per_microbatch: MicrobatchMetrics
     microbatch_tokens: np.ndarray | None = None  # int64 [B] tokens of each micro-batch (the layout's count)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.per_microbatch, MicrobatchMetrics):
+            self.per_microbatch = MicrobatchMetrics.from_arrays(self.microbatch_ids, dict(self.per_microbatch),
+                                                                len(self.pairs))
 
     def layer_times(self, key: str = "layer_time") -> np.ndarray:
         """float [B]: mean over layers of ``per_microbatch[key]`` (the layer time per micro-batch, seconds)."""
-        x = self.per_microbatch[key]
-        return x.mean(1) if x.shape[0] and x.shape[1] else np.zeros(x.shape[0])
+        pm = self.per_microbatch
+        L = pm.num_layers
+        return reduce_layers(pm, (key,))[2] / L if L else np.zeros(pm.num_microbatches)
 
     @property
     def num_microbatches(self) -> int:
@@ -127,30 +136,28 @@ class PhaseResult:
         for mode in DEDUP_MODES:
             prefix = "" if mode == "per_gpu" else "two_hop_"
             for where in ("inter_node", "intra_node"):
-                out[f"{prefix}{where}_bytes"] = _stat_additive(pm[f"{mode}.{where}_sends"] * sb)
-            out[f"{prefix}sends"] = {w: _stat_additive(pm[f"{mode}.{w}_sends"])
+                out[f"{prefix}{where}_bytes"] = _stat(pm, (f"{mode}.{where}_sends",), _scaled(sb))
+            out[f"{prefix}sends"] = {w: _stat(pm, (f"{mode}.{w}_sends",))
                                      for w in ("intra_gpu", "intra_node", "inter_node")}
-            out[f"{prefix}max_peer_message_bytes"] = _stat_max(pm[f"{mode}.max_message_sends"]
-                                                               * self.dispatch_send_bytes)
+            out[f"{prefix}max_peer_message_bytes"] = _stat(pm, (f"{mode}.max_message_sends",),
+                                                           _scaled(self.dispatch_send_bytes), "max")
             for key in ("", "_padded"):
-                comm = pm[f"{mode}.comm_time{key}"]
-                out[f"{prefix}comm_time{key}_s"] = _stat_additive(comm)
-                out[f"{prefix}layer_time{key}_s"] = _stat_additive(comm + pm["compute_time"])
+                comm = f"{mode}.comm_time{key}"
+                out[f"{prefix}comm_time{key}_s"] = _stat(pm, (comm,))
+                out[f"{prefix}layer_time{key}_s"] = _stat(pm, (comm, "compute_time"), np.add)
             out[f"{prefix}traffic_matrix_bytes"] = self.byte_matrix(mode).sum(0).tolist()
-        out["compute_time_s"] = _stat_additive(pm["compute_time"])
+        out["compute_time_s"] = _stat(pm, ("compute_time",))
         # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
-        out["kernel_time"] = {f"{k}_s": _stat_additive(pm[k]) for k in (
+        out["kernel_time"] = {f"{k}_s": _stat(pm, (k,)) for k in (
             "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time", "bound_balanced_time",
             "bound_local_time")}
         for k in KERNELS:
-            out["kernel_time"][k] = {f"{part}_s": _stat_additive(pm[f"{k}.{part}"])
+            out["kernel_time"][k] = {f"{part}_s": _stat(pm, (f"{k}.{part}",))
                                      for part in ("dispatch_time", "combine_time")}
         bal, imb = self.balancedness_per_layer, self.imbalance_ratio_per_layer
         W = self.load.shape[-1]
-        bal_mb = routing.balancedness_of(pm["pairs"], pm["max_load"], W).mean(1) if self.num_microbatches \
-            else np.zeros(0)
-        imb_mb = routing.imbalance_of(pm["pairs"], pm["max_load"], W).mean(1) if self.num_microbatches \
-            else np.zeros(0)
+        bal_mb = reduce_layers(pm, ("pairs", "max_load"), lambda p, m: routing.balancedness_of(p, m, W))[2] / max(L, 1)
+        imb_mb = reduce_layers(pm, ("pairs", "max_load"), lambda p, m: routing.imbalance_of(p, m, W))[2] / max(L, 1)
         out["balancedness"] = {"total": float(bal.mean()) if L else 1.0, "per_layer": bal.tolist(),
                                "median_microbatch": float(np.median(bal_mb)) if len(bal_mb) else 1.0}
         out["imbalance_ratio"] = {"total": float(imb.mean()) if L else 0.0, "per_layer": imb.tolist(),
@@ -170,7 +177,7 @@ def merge_phases(a: PhaseResult, b: PhaseResult) -> PhaseResult:
         np.concatenate([a.microbatch_ids, b.microbatch_ids]), a.pairs + b.pairs, a.load + b.load,
         a.local_pairs + b.local_pairs, a.node_local_pairs + b.node_local_pairs,
         {m: a.sends[m] + b.sends[m] for m in DEDUP_MODES},
-        {k: np.concatenate([a.per_microbatch[k], b.per_microbatch[k]]) for k in a.per_microbatch},
+        MicrobatchMetrics.concat(a.per_microbatch, b.per_microbatch),
         None if a.microbatch_tokens is None or b.microbatch_tokens is None
         else np.concatenate([a.microbatch_tokens, b.microbatch_tokens]),
     )

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from moeplace.budget import BudgetError
 from moeplace.engine import TASKS_PER_WORKER
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import loops
 from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
 from moeplace.simulate.cost import CostConfig, TimeTerms, microbatch_metrics, pair_flops_of, time_terms
+from moeplace.simulate.mbstore import COLUMN_ELEMENTS, SPILL_BYTES, MicrobatchMetrics
 from moeplace.simulate.result import PhaseResult, SimResult
 from moeplace.simulate.routing import (
     BALANCED_RULES,
@@ -41,7 +43,7 @@ from moeplace.simulate.routing import (
     check_rule,
     two_hop_matrix,
 )
-from moeplace.trace.budget import check_memory
+from moeplace.trace.budget import check_memory, memory_budget
 from moeplace.trace.reader import (
     iter_light_columns,
     iter_token_chunks,
@@ -50,7 +52,7 @@ from moeplace.trace.reader import (
     shard_ranges,
     shard_token_rows,
 )
-from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceMeta
+from moeplace.trace.types import DECODE, PREFILL, Requests, TokenChunk, Trace, TraceError, TraceMeta
 
 # --------------------------------------------------------------------------------------------------- context
 
@@ -227,7 +229,7 @@ class _PhaseAcc:
     kernel routes each micro-batch with its matrices hot in cache and reduces them at once.
     """
 
-    def __init__(self, ctx: _Ctx, lay: Layout, phase: int) -> None:
+    def __init__(self, ctx: _Ctx, lay: Layout, phase: int, spill: bool = True) -> None:
         L, W = ctx.meta.num_layers, ctx.W
         self.ctx, self.phase = ctx, phase
         self.name = "prefill" if phase == PREFILL else "decode"
@@ -238,8 +240,7 @@ class _PhaseAcc:
         self.node_local = np.zeros(L, np.int64)
         self.load = np.zeros((L, W), np.int64)
         self.sends = {m: np.zeros((L, W, W), np.int64) for m in DEDUP_MODES}
-        self.done_ids: list[np.ndarray] = []
-        self.done: list[dict] = []
+        self.done = MicrobatchMetrics(L, spill_bytes() if spill else None)  # finished metrics (spilled when large)
         self.seen: dict[int, int] = {}  # open micro-batch id -> tokens seen so far
         self.pending: list[list] = []  # [ids int16 [n, L, K], home [n], mb [n], alive bool [n]] in trace order
         self.node_sends: np.ndarray | None = None  # int64 [L, W, N_n] once the kernel routed (two-hop totals)
@@ -290,8 +291,7 @@ class _PhaseAcc:
         umb, loads, metrics = route_microbatches(ctx, ids, rows, home, mb, self.name, self.sends["per_gpu"],
                                                  self.node_sends, self.local, self.node_local)
         self.load += loads.sum(0)
-        self.done_ids.append(umb.astype(np.int64))
-        self.done.append(metrics)
+        self.done.append(umb.astype(np.int64), metrics)
 
     def result(self, name: str) -> PhaseResult:
         if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
@@ -305,16 +305,13 @@ class _PhaseAcc:
             self.sends["two_hop"] = two_hop_matrix(self.sends["per_gpu"], self.node_sends, self.ctx.G)
             self.node_sends = None
         L = self.ctx.meta.num_layers
-        if self.done:
-            ids = np.concatenate(self.done_ids)
-            order = np.argsort(ids, kind="stable")
-            pm = {k: np.concatenate([d[k] for d in self.done])[order] for k in self.done[0]}
-            ids = ids[order]
-        else:
-            ids = np.zeros(0, np.int64)
+        if not len(self.done):  # no micro-batch: the metrics' names with no rows
             z = np.zeros((0, L, 6), np.int64)
             zw = np.zeros((0, L, self.ctx.W), np.int64)
-            pm = self.ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw, np.zeros((0, L, 4), np.int64), self.name)
+            self.done.append(np.zeros(0, np.int64), self.ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw,
+                                                                     np.zeros((0, L, 4), np.int64), self.name))
+        pm = self.done.freeze()
+        ids = pm.ids
         j = np.minimum(np.searchsorted(self.expect_ids, ids), max(len(self.expect_ids) - 1, 0))
         mb_tokens = self.expect_n[j].astype(np.int64) if len(ids) else np.zeros(0, np.int64)
         return PhaseResult(name, self.tokens, self.ctx.dispatch_send_bytes, self.ctx.combine_send_bytes, ids,
@@ -397,15 +394,23 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
 
 
 def _check_result_memory(ctx: _Ctx, lay: Layout, source) -> None:
-    """The per-micro-batch metrics a result keeps ([B, L] per metric, 8 bytes each) must fit the memory budget: the
-    one part of a replay that grows with the trace, known from the layout before any routing."""
-    L = ctx.meta.num_layers
-    z = np.zeros((0, L, 6), np.int64)
-    zw = np.zeros((0, L, ctx.W), np.int64)
-    n_metrics = len(ctx.metrics({m: z for m in DEDUP_MODES}, zw, zw, np.zeros((0, L, 4), np.int64), "decode"))
+    """What a result holds in memory whatever the trace's size must fit the memory budget: the finished metrics kept
+    before a spill (:func:`spill_bytes`), a few per-micro-batch vectors (ids, order, one value each: 8 bytes x B),
+    and the layer blocks its statistics read (COLUMN_ELEMENTS values of a few metrics at once). Known from the
+    layout before any routing."""
     B = sum(len(lay.mb_ids[p]) for p in (PREFILL, DECODE))
     where = source if not isinstance(source, Trace) else "simulate"
-    check_memory(B * L * n_metrics * 8, f"the per-micro-batch metrics of {B:,} micro-batches", where)
+    need = spill_bytes() + 8 * (4 * B + 6 * min(COLUMN_ELEMENTS, max(B, 1) * ctx.meta.num_layers))
+    check_memory(need, f"the per-micro-batch metrics of {B:,} micro-batches (their in-memory part)", where)
+
+
+def spill_bytes() -> int:
+    """Finished metrics a replay keeps in memory before it writes them to a spill file (moeplace.simulate.mbstore):
+    SPILL_BYTES, or an eighth of the memory budget where that is less (the answer does not depend on it)."""
+    try:
+        return int(min(SPILL_BYTES, memory_budget() // 8))
+    except BudgetError as e:
+        raise TraceError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------------------- parts on an engine
@@ -419,16 +424,22 @@ class SimPart:
     shards: tuple[int, ...]
 
 
+PART_ROWS = 1 << 21  # token rows of one task at most (a task holds its finished metrics until it returns)
+
+
 def plan_parts(path: str, tasks: int) -> list[SimPart]:
-    """About ``tasks`` ranges of consecutive shards with similar token counts (from the footers)."""
-    return [SimPart(path, r) for r in shard_ranges(shard_token_rows(path), tasks)]
+    """About ``tasks`` ranges of consecutive shards with similar token counts (from the footers), more where a
+    range would hold over PART_ROWS rows (a shard is never split)."""
+    rows = shard_token_rows(path)
+    tasks = max(tasks, -(-sum(rows) // PART_ROWS))
+    return [SimPart(path, r) for r in shard_ranges(rows, tasks)]
 
 
 def _phase_state(acc: _PhaseAcc) -> dict:
     """The sums and finished micro-batches of a part's phase accumulator (what the driver adds to its own)."""
     return {"tokens": acc.tokens, "pairs": acc.pairs, "local": acc.local, "node_local": acc.node_local,
             "load": acc.load, "per_gpu": acc.sends["per_gpu"], "node_sends": acc.node_sends,
-            "done_ids": acc.done_ids, "done": acc.done}
+            "done": acc.done.pieces()}
 
 
 def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> dict:
@@ -444,7 +455,7 @@ def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> d
         u, c = np.unique(np.concatenate(inside[p]) if inside[p] else np.zeros(0, np.int64), return_counts=True)
         j = np.searchsorted(lay.mb_ids[p], u)
         complete[p] = u[lay.mb_tokens[p][j] == c]  # every row of these micro-batches is in this range
-    accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
+    accs = {p: _PhaseAcc(ctx, lay, p, spill=False) for p in (PREFILL, DECODE)}  # the driver may be elsewhere
     rest: dict[int, list] = {PREFILL: [], DECODE: []}
     for ch in iter_token_chunks(part.path, chunk_tokens=chunk_tokens, columns_weights=False, check_requests=False,
                                 shards=list(part.shards)):
@@ -481,8 +492,8 @@ def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine)
                 if acc.node_sends is None:
                     acc.node_sends = np.zeros_like(st["node_sends"])
                 acc.node_sends += st["node_sends"]
-            acc.done_ids.extend(st["done_ids"])
-            acc.done.extend(st["done"])
+            for ids, metrics in st["done"]:
+                acc.done.append(ids, metrics)
             for ids, home, mb in st["rest"]:
                 acc.add(ids, np.arange(len(ids)), home, mb)
     return _result(ctx, accs)

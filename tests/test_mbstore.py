@@ -1,0 +1,117 @@
+"""moeplace.simulate.mbstore: per-micro-batch metrics kept in memory or spilled to files read back equal to the
+plain arrays, in micro-batch id order, and reduced to the statistics numpy gives on the whole [B, L] array."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+
+import moeplace.simulate.mbstore as mbs
+from moeplace.simulate.mbstore import MicrobatchMetrics, reduce_layers
+
+
+def _pieces(rng, B: int, L: int, n: int):
+    """n pieces of shuffled micro-batch ids 0..B-1 with float and int metrics; and the whole arrays by id."""
+    ids = rng.permutation(B)
+    f = rng.random((B, L))
+    i = rng.integers(0, 1000, (B, L))
+    cuts = np.sort(rng.choice(np.arange(1, B), n - 1, replace=False))
+    bounds = zip(np.r_[0, cuts], np.r_[cuts, B], strict=True)
+    out = [(ids[a:b], {"t": f[ids[a:b]], "n": i[ids[a:b]]}) for a, b in bounds]
+    return out, f, i
+
+
+@pytest.mark.parametrize("spill", [None, 1, 20_000])
+def test_reads_and_statistics_equal_numpy(spill, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    monkeypatch.setattr(mbs, "COLUMN_ELEMENTS", 3 * 500)  # 3 layers per block: several blocks, a ragged last one
+    rng = np.random.default_rng(0)
+    B, L = 500, 7
+    pieces, f, i = _pieces(rng, B, L, 12)
+    m = MicrobatchMetrics(L, spill)
+    for ids, d in pieces:
+        m.append(ids, d)
+    m.freeze()
+    assert m.spilled == (spill is not None)
+    assert m.layer_blocks() == [(0, 3), (3, 6), (6, 7)]
+    assert (m.ids == np.arange(B)).all()
+    assert (m["t"] == f).all() and (m["n"] == i).all() and m["n"].dtype == i.dtype
+    per_layer, med, row = reduce_layers(m, ("t", "n"), lambda a, b: a * b)
+    x = f * i
+    np.testing.assert_allclose(per_layer, x.sum(0), rtol=1e-13)
+    np.testing.assert_allclose(row, x.sum(1), rtol=1e-13)
+    assert (med == np.median(x, 0)).all()
+    per_layer, med, row = reduce_layers(m, ("n",), how="max")
+    assert (per_layer == i.max(0)).all() and (row == i.max(1)).all()
+
+
+def test_same_bits_spilled_or_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    rng = np.random.default_rng(1)
+    pieces, _, _ = _pieces(rng, 300, 5, 9)
+    out = []
+    for spill in (None, 1, 5_000):
+        m = MicrobatchMetrics(5, spill)
+        for ids, d in pieces:
+            m.append(ids, d)
+        out.append([a.tobytes() for a in reduce_layers(m, ("t",))])
+    assert out[0] == out[1] == out[2]
+
+
+def test_concat_pickle_and_cleanup(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    rng = np.random.default_rng(2)
+    pa, fa, _ = _pieces(rng, 40, 3, 4)
+    pb, fb, _ = _pieces(rng, 30, 3, 3)
+    a, b = MicrobatchMetrics(3, 1), MicrobatchMetrics(3, None)
+    for ids, d in pa:
+        a.append(ids, d)
+    for ids, d in pb:
+        b.append(ids, d)
+    c = MicrobatchMetrics.concat(a, b)
+    assert (c.ids == np.r_[np.arange(40), np.arange(30)]).all()
+    assert (c["t"] == np.concatenate([fa, fb])).all()
+    back = pickle.loads(pickle.dumps(c))  # the values travel, not the paths
+    assert not back.spilled and (back["t"] == c["t"]).all() and (back.ids == c.ids).all()
+    del a  # the concatenation keeps a's files alive
+    gc.collect()
+    assert (c["t"][:40] == fa).all()
+    del c
+    gc.collect()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_missing_spill_file_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    m = MicrobatchMetrics(2, 1)
+    m.append(np.arange(3), {"t": np.ones((3, 2))})
+    m.freeze()
+    for p in tmp_path.rglob("*.bin"):
+        p.write_bytes(b"")
+    with pytest.raises(ValueError, match="shorter than written"):
+        m["t"]
+
+
+def test_unwritable_spill_dir_names_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path / "missing"))
+    m = MicrobatchMetrics(2, 1)
+    with pytest.raises(ValueError, match="MOEPLACE_SPILL_DIR"):
+        m.append(np.arange(3), {"t": np.ones((3, 2))})
+
+
+def test_a_killed_replays_spill_folder_is_removed_by_the_next(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    code = ("import os, numpy as np; from moeplace.simulate.mbstore import MicrobatchMetrics as M; "
+            "m = M(2, 1); m.append(np.arange(3), {'t': np.ones((3, 2))}); os._exit(0)")  # no clean-up runs
+    subprocess.run([sys.executable, "-c", code], check=True)
+    left = list(tmp_path.iterdir())
+    assert len(left) == 1 and left[0].name.startswith("moeplace-spill-")
+    m = MicrobatchMetrics(2, 1)
+    m.append(np.arange(3), {"t": np.ones((3, 2))})
+    assert [p for p in tmp_path.iterdir()] != left and len(list(tmp_path.iterdir())) == 1
