@@ -72,3 +72,4 @@ def test_result_memory_is_checked_before_routing(monkeypatch):
     monkeypatch.setenv("MOEPLACE_MEMORY_BUDGET", "2M")  # less than the metrics' in-memory part needs
     with pytest.raises(TraceError, match="per-micro-batch metrics"):
         simulate(FG, cluster=Cluster(2, 4), batching=BatchConfig(decode_batch=4, prefill_tokens=64))
+

@@ -1,7 +1,7 @@
 """Per-micro-batch metrics of a replay (name -> [B, L]) held so that a replay's memory does not grow with the trace.
 
 A replay finishes micro-batches in the order their last rows arrive; its result lists them by micro-batch id.
-:class:`MicrobatchMetrics` keeps the finished ones in memory up to ``SPILL_BYTES`` and writes each fuller buffer to
+:class:`MicrobatchMetrics` keeps the finished ones in memory up to ``SPILL_BYTES`` and writes each full buffer to
 one file of a private temporary folder (``MOEPLACE_SPILL_DIR``, else the system's; removed with the result, at
 exit, or, after a kill, by the next replay on the host that spills there), layer-major, so that a few
 layers of one metric over every micro-batch are read back as contiguous pieces. Every statistic the result
@@ -26,7 +26,7 @@ import numpy as np
 
 from moeplace.trace.types import TraceError
 
-SPILL_BYTES = 64 << 20  # finished metrics kept in memory before a buffer is written out
+SPILL_BYTES = 16 << 20  # finished metrics of one phase kept in memory before they are written out
 COLUMN_ELEMENTS = 1 << 19  # values of one metric read back at once: B x (layers of a block) <= this (4 MB float64)
 SPILL_DIR_ENV = "MOEPLACE_SPILL_DIR"
 

@@ -424,7 +424,7 @@ class SimPart:
     shards: tuple[int, ...]
 
 
-PART_ROWS = 1 << 21  # token rows of one task at most (a task holds its finished metrics until it returns)
+PART_ROWS = 1 << 20  # token rows of one task at most (a task holds its finished metrics until it returns)
 
 
 def plan_parts(path: str, tasks: int) -> list[SimPart]:
