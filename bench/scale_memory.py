@@ -1,13 +1,14 @@
-"""Where single-process ``analyze``'s (or, with ``--command simulate``, ``simulate``'s) peak memory goes as the trace grows (issue 26, "peak RSS flat"): the kernel's
-exact peak RSS of each run, repeated on the same trace, and the peak of what Python and numpy allocate
-(``tracemalloc``), at 1x, 10x and 100x a base trace (0.2, 2 and 20 GB by default).
+"""Where single-process ``analyze``'s (``--command simulate``: ``simulate``'s) peak memory goes as the trace grows
+(issue 26, "peak RSS flat"): the kernel's exact peak RSS of each run, repeated on the same trace, and the peak of
+what Python and numpy allocate (``tracemalloc``), at 1x, 10x and 100x a base trace (0.2, 2 and 20 GB by default).
 
 ``bench/scale.py`` samples RSS every 0.1 s; a short peak (the summary at the end) can fall between samples, and the
 resident size of a process also holds what the allocators keep after a free (glibc's arenas, Arrow's pool) and the
 library pages it touched. This bench separates the two:
 
-- ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` (or ``simulate``) process itself (exact, read at exit), for
-  ``--reps`` runs of each trace: the spread between runs of the same input is the noise a growth must exceed;
+- ``maxrss_bytes``: ``ru_maxrss`` of the ``python -m moeplace analyze`` (or ``simulate``) process itself (exact,
+  read at exit), for ``--reps`` runs of each trace: the spread between runs of the same input is the noise a growth
+  must exceed;
 - ``tracemalloc_peak_bytes``: one more run with ``tracemalloc`` on (slower; up to ``--traced-max``): the largest
   total of live Python and numpy allocations, which is what the code's own data structures need.
 
