@@ -115,3 +115,20 @@ def test_a_killed_replays_spill_folder_is_removed_by_the_next(tmp_path, monkeypa
     m = MicrobatchMetrics(2, 1)
     m.append(np.arange(3), {"t": np.ones((3, 2))})
     assert [p for p in tmp_path.iterdir()] != left and len(list(tmp_path.iterdir())) == 1
+
+
+def test_one_pass_equals_each_reduction_alone(tmp_path, monkeypatch):
+    from moeplace.simulate.mbstore import reduce_many
+
+    monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path))
+    monkeypatch.setattr(mbs, "COLUMN_ELEMENTS", 2 * 200)
+    pieces, _, _ = _pieces(np.random.default_rng(3), 200, 5, 6)
+    m = MicrobatchMetrics(5, 4_000)
+    for ids, d in pieces:
+        m.append(ids, d)
+    specs = [(("t",), None, "sum"), (("t", "n"), np.add, "max"), (("n",), lambda x: x * 3.0, "sum"),
+             (("t",), None, "max")]
+    together = reduce_many(m, specs)
+    for spec, got in zip(specs, together, strict=True):
+        alone = reduce_layers(m, *spec)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(alone, got, strict=True))

@@ -250,6 +250,43 @@ def _remove_stale(base: str) -> None:
             pass
 
 
+Spec = tuple[tuple[str, ...], "Callable[..., np.ndarray] | None", str]  # (keys, fn, how) of one reduction
+
+
+def reduce_many(m: MicrobatchMetrics, specs: list[Spec]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`reduce_layers` of every ``(keys, fn, how)`` of ``specs`` in one pass over the layer blocks: each block
+    of each metric is read once, and dropped after the last spec that uses it."""
+    for _, _, how in specs:
+        if how not in ("sum", "max"):
+            raise ValueError(f"reduce_layers: how={how!r}, expected 'sum' or 'max'")
+    L, B = m.num_layers, m.num_microbatches
+    out = [(np.zeros(L), np.zeros(L), np.zeros(B) if how == "sum" else np.full(B, -np.inf)) for _, _, how in specs]
+    if B == 0:
+        return out
+    last = {k: i for i, (keys, _, _) in enumerate(specs) for k in keys}
+    for l0, l1 in m.layer_blocks():
+        cache: dict[str, np.ndarray] = {}
+        for i, (keys, fn, how) in enumerate(specs):
+            cols = []
+            for k in keys:
+                if k not in cache:
+                    cache[k] = m.columns(k, l0, l1)
+                cols.append(cache[k])
+            x = np.asarray(fn(*cols) if fn is not None else cols[0], float)
+            per_layer, median, row = out[i]
+            if how == "sum":
+                per_layer[l0:l1] = x.sum(0)
+                row += x.sum(1)
+            else:
+                per_layer[l0:l1] = x.max(0)
+                np.maximum(row, x.max(1), out=row)
+            median[l0:l1] = np.median(x, 0)
+            for k in keys:
+                if last[k] == i:
+                    cache.pop(k, None)
+    return out
+
+
 def reduce_layers(m: MicrobatchMetrics, keys: tuple[str, ...], fn: Callable[..., np.ndarray] | None = None,
                   how: str = "sum") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reduce ``fn(*columns of keys)`` (elementwise, float [B, l]; None: the one key itself) over layer blocks.
@@ -257,22 +294,4 @@ def reduce_layers(m: MicrobatchMetrics, keys: tuple[str, ...], fn: Callable[...,
     Returns (per_layer float [L]: sum or max over micro-batches, median_per_layer float [L], row float [B]: sum or
     max over layers of each micro-batch). ``how``: "sum" or "max".
     """
-    if how not in ("sum", "max"):
-        raise ValueError(f"reduce_layers: how={how!r}, expected 'sum' or 'max'")
-    L, B = m.num_layers, m.num_microbatches
-    per_layer = np.zeros(L)
-    median = np.zeros(L)
-    row = np.zeros(B) if how == "sum" else np.full(B, -np.inf)
-    if B == 0:
-        return per_layer, median, row
-    for l0, l1 in m.layer_blocks():
-        cols = [m.columns(k, l0, l1) for k in keys]
-        x = np.asarray(fn(*cols) if fn is not None else cols[0], float)
-        if how == "sum":
-            per_layer[l0:l1] = x.sum(0)
-            row += x.sum(1)
-        else:
-            per_layer[l0:l1] = x.max(0)
-            np.maximum(row, x.max(1), out=row)
-        median[l0:l1] = np.median(x, 0)
-    return per_layer, median, row
+    return reduce_many(m, [(keys, fn, how)])[0]

@@ -18,7 +18,7 @@ from moeplace.simulate import routing
 from moeplace.simulate.batching import BatchConfig
 from moeplace.simulate.cost import CostConfig
 from moeplace.simulate.kernels import KERNELS
-from moeplace.simulate.mbstore import MicrobatchMetrics, reduce_layers
+from moeplace.simulate.mbstore import MicrobatchMetrics, reduce_layers, reduce_many
 from moeplace.simulate.routing import DEDUP_MODES
 
 
@@ -41,17 +41,53 @@ def layer_time_us_per_microbatch(phases: dict[str, dict | None]) -> dict[str, fl
     return out
 
 
-def _stat(pm: MicrobatchMetrics, keys: tuple[str, ...], fn=None, how: str = "sum") -> dict:
-    """Totals, per-layer values and medians of ``fn(*keys)`` (float [B, L]; None: the one key) over micro-batches:
-    ``how`` "sum" adds (total = sum over layers of the per-layer sums), "max" takes maxima."""
-    per_layer, median, row = reduce_layers(pm, keys, fn, how)
-    if pm.num_microbatches == 0:
-        return {"total": 0.0, "per_layer": [0.0] * pm.num_layers, "median_microbatch": 0.0,
-                "median_per_layer": [0.0] * pm.num_layers}
-    total = float(per_layer.sum()) if how == "sum" else float(per_layer.max() if len(per_layer) else 0.0)
-    return {"total": total, "per_layer": per_layer.tolist(),
-            "median_microbatch": float(np.median(row)) if len(per_layer) else 0.0,
-            "median_per_layer": median.tolist()}
+class _Stats:
+    """Statistics a result's JSON asks for, computed together in one pass (:func:`reduce_many`): :meth:`want` gives a
+    placeholder, :meth:`fill` replaces every placeholder in a JSON tree by its statistics."""
+
+    def __init__(self, pm: MicrobatchMetrics) -> None:
+        self.pm, self.specs = pm, []
+
+    def want(self, keys: tuple[str, ...], fn=None, how: str = "sum") -> _Want:
+        self.specs.append((keys, fn, how))
+        return _Want(len(self.specs) - 1, how)
+
+    def row_median(self, keys: tuple[str, ...], fn, divide_by: float, empty: float) -> _Want:
+        """The median over micro-batches of the sum over layers of ``fn(*keys)`` / ``divide_by``; ``empty`` without
+        micro-batches."""
+        w = self.want(keys, fn)
+        w.row_divisor, w.empty = divide_by, empty
+        return w
+
+    def fill(self, tree: dict) -> dict:
+        done = reduce_many(self.pm, self.specs)
+        pm = self.pm
+
+        def visit(x):
+            if isinstance(x, dict):
+                return {k: visit(v) for k, v in x.items()}
+            if not isinstance(x, _Want):
+                return x
+            per_layer, median, row = done[x.index]
+            if x.row_divisor is not None:
+                return float(np.median(row / x.row_divisor)) if len(row) else x.empty
+            if pm.num_microbatches == 0:
+                return {"total": 0.0, "per_layer": [0.0] * pm.num_layers, "median_microbatch": 0.0,
+                        "median_per_layer": [0.0] * pm.num_layers}
+            total = float(per_layer.sum()) if x.how == "sum" else float(per_layer.max() if len(per_layer) else 0.0)
+            return {"total": total, "per_layer": per_layer.tolist(),
+                    "median_microbatch": float(np.median(row)) if len(per_layer) else 0.0,
+                    "median_per_layer": median.tolist()}
+
+        return visit(tree)
+
+
+@dataclass
+class _Want:
+    index: int
+    how: str
+    row_divisor: float | None = None  # a median of per-micro-batch sums (row_median), not a statistic
+    empty: float = 0.0
 
 
 def _scaled(k: float):
@@ -129,6 +165,7 @@ class PhaseResult:
 
     def to_json(self) -> dict:
         pm = self.per_microbatch
+        st = _Stats(pm)
         L = len(self.pairs)
         sb = self.send_bytes
         out: dict = {"num_tokens": int(self.num_tokens), "num_microbatches": self.num_microbatches,
@@ -136,38 +173,39 @@ class PhaseResult:
         for mode in DEDUP_MODES:
             prefix = "" if mode == "per_gpu" else "two_hop_"
             for where in ("inter_node", "intra_node"):
-                out[f"{prefix}{where}_bytes"] = _stat(pm, (f"{mode}.{where}_sends",), _scaled(sb))
-            out[f"{prefix}sends"] = {w: _stat(pm, (f"{mode}.{w}_sends",))
+                out[f"{prefix}{where}_bytes"] = st.want((f"{mode}.{where}_sends",), _scaled(sb))
+            out[f"{prefix}sends"] = {w: st.want((f"{mode}.{w}_sends",))
                                      for w in ("intra_gpu", "intra_node", "inter_node")}
-            out[f"{prefix}max_peer_message_bytes"] = _stat(pm, (f"{mode}.max_message_sends",),
+            out[f"{prefix}max_peer_message_bytes"] = st.want((f"{mode}.max_message_sends",),
                                                            _scaled(self.dispatch_send_bytes), "max")
             for key in ("", "_padded"):
                 comm = f"{mode}.comm_time{key}"
-                out[f"{prefix}comm_time{key}_s"] = _stat(pm, (comm,))
-                out[f"{prefix}layer_time{key}_s"] = _stat(pm, (comm, "compute_time"), np.add)
+                out[f"{prefix}comm_time{key}_s"] = st.want((comm,))
+                out[f"{prefix}layer_time{key}_s"] = st.want((comm, "compute_time"), np.add)
             out[f"{prefix}traffic_matrix_bytes"] = self.byte_matrix(mode).sum(0).tolist()
-        out["compute_time_s"] = _stat(pm, ("compute_time",))
+        out["compute_time_s"] = st.want(("compute_time",))
         # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
-        out["kernel_time"] = {f"{k}_s": _stat(pm, (k,)) for k in (
+        out["kernel_time"] = {f"{k}_s": st.want((k,)) for k in (
             "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time", "bound_balanced_time",
             "bound_local_time")}
         for k in KERNELS:
-            out["kernel_time"][k] = {f"{part}_s": _stat(pm, (f"{k}.{part}",))
+            out["kernel_time"][k] = {f"{part}_s": st.want((f"{k}.{part}",))
                                      for part in ("dispatch_time", "combine_time")}
         bal, imb = self.balancedness_per_layer, self.imbalance_ratio_per_layer
         W = self.load.shape[-1]
-        bal_mb = reduce_layers(pm, ("pairs", "max_load"), lambda p, m: routing.balancedness_of(p, m, W))[2] / max(L, 1)
-        imb_mb = reduce_layers(pm, ("pairs", "max_load"), lambda p, m: routing.imbalance_of(p, m, W))[2] / max(L, 1)
+        per_mean = max(L, 1)  # the mean over layers of each micro-batch, then the median over micro-batches
         out["balancedness"] = {"total": float(bal.mean()) if L else 1.0, "per_layer": bal.tolist(),
-                               "median_microbatch": float(np.median(bal_mb)) if len(bal_mb) else 1.0}
+                               "median_microbatch": st.row_median(
+                                   ("pairs", "max_load"), lambda p, m: routing.balancedness_of(p, m, W), per_mean, 1.0)}
         out["imbalance_ratio"] = {"total": float(imb.mean()) if L else 0.0, "per_layer": imb.tolist(),
-                                  "median_microbatch": float(np.median(imb_mb)) if len(imb_mb) else 0.0}
+                                  "median_microbatch": st.row_median(
+                                      ("pairs", "max_load"), lambda p, m: routing.imbalance_of(p, m, W), per_mean, 0.0)}
         out["local_activation_rate"] = {"total": float(_ratio(self.local_pairs.sum(), self.pairs.sum(), 0.0)),
                                         "per_layer": _ratio(self.local_pairs, self.pairs, 0.0).tolist()}
         out["node_local_rate"] = {"total": float(_ratio(self.node_local_pairs.sum(), self.pairs.sum(), 0.0)),
                                   "per_layer": _ratio(self.node_local_pairs, self.pairs, 0.0).tolist()}
         out["load_per_gpu"] = self.load.sum(0).tolist()
-        return out
+        return st.fill(out)
 
 
 def merge_phases(a: PhaseResult, b: PhaseResult) -> PhaseResult:
