@@ -132,3 +132,13 @@ def test_one_pass_equals_each_reduction_alone(tmp_path, monkeypatch):
     for spec, got in zip(specs, together, strict=True):
         alone = reduce_layers(m, *spec)
         assert all(a.tobytes() == b.tobytes() for a, b in zip(alone, got, strict=True))
+
+
+def test_mmap_threshold_is_fixed_on_glibc():
+    import platform
+
+    from moeplace.budget import fix_mmap_threshold
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt's M_MMAP_THRESHOLD is glibc's")
+    assert fix_mmap_threshold() is True

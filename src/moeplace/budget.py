@@ -73,3 +73,28 @@ def check_memory(nbytes: float, what: str, where: str | os.PathLike, budget: int
     problem = over_budget(nbytes, what, where, budget)
     if problem:
         raise BudgetError(problem)
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept fixed
+
+
+def fix_mmap_threshold() -> bool:
+    """Keep glibc's mmap threshold at its initial 128 KiB, so every larger block (numpy's per-chunk arrays) is its
+    own mapping and goes back to the system when freed.
+
+    By default glibc raises the threshold to the size of each mapped block that is freed (up to 32 MiB), after which
+    such blocks come from the heap, whose holes are kept: a long streaming replay's RSS then creeps up with the
+    trace's length (bench/results/scale_memory_simulate*.json, docs/SCALE.md). Setting the threshold explicitly
+    turns that adjustment off (mallopt(3)). Returns whether it was set; False off glibc (nothing changes there).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))

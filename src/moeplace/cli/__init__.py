@@ -286,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     where = f"moeplace {args.command}"
+    from moeplace.budget import fix_mmap_threshold
+
+    fix_mmap_threshold()  # streaming commands' RSS stays flat with the trace's length (docs/SCALE.md)
     try:
         check_paths(args)  # outputs never over inputs nor over a user's files, before any work
         check = getattr(args, "check", None)
