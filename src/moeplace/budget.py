@@ -8,6 +8,7 @@ the shared core (moeplace.schema) and every stage use it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import resource
@@ -79,6 +80,7 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept fixed
 
 
+@functools.cache
 def fix_mmap_threshold() -> bool:
     """Keep glibc's mmap threshold at its initial 128 KiB, so every larger block (numpy's per-chunk arrays) is its
     own mapping and goes back to the system when freed.
@@ -87,6 +89,7 @@ def fix_mmap_threshold() -> bool:
     such blocks come from the heap, whose holes are kept: a long streaming replay's RSS then creeps up with the
     trace's length (bench/results/scale_memory_simulate*.json, docs/SCALE.md). Setting the threshold explicitly
     turns that adjustment off (mallopt(3)). Returns whether it was set; False off glibc (nothing changes there).
+    Done once per process (every engine task calls it).
     """
     try:
         import ctypes

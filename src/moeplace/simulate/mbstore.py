@@ -41,7 +41,7 @@ class _Block:
     path: str | None = None
     offsets: dict[str, int] = field(default_factory=dict)
 
-    def columns(self, key: str, dtype: np.dtype, L: int, l0: int, l1: int) -> np.ndarray:
+    def columns(self, key: str, dtype: np.dtype, l0: int, l1: int) -> np.ndarray:
         """[b, l1 - l0] values of ``key`` at layers l0:l1."""
         if self.arrays is not None:
             return self.arrays[key][:, l0:l1]
@@ -104,11 +104,13 @@ class MicrobatchMetrics(Mapping):
         if to_disk:
             self._blocks.append(self._write(keys, len(ids)))
         else:
-            arrays = {k: (np.concatenate([b[k] for b in self._buf]) if len(self._buf) > 1 else self._buf[0][k])
-                      for k in keys}
-            self._blocks.append(_Block(len(ids), arrays=arrays))
+            self._blocks.append(_Block(len(ids), arrays={k: self._buffered(k) for k in keys}))
         self._block_ids.append(ids)
         self._buf, self._buf_ids, self._buf_bytes = [], [], 0
+
+    def _buffered(self, key: str) -> np.ndarray:
+        """[b, L] values of ``key`` over the buffered appends, in append order."""
+        return np.concatenate([b[key] for b in self._buf]) if len(self._buf) > 1 else self._buf[0][key]
 
     def _write(self, keys: list[str], rows: int) -> _Block:
         if self._dir is None:
@@ -126,8 +128,7 @@ class MicrobatchMetrics(Mapping):
         try:
             with open(path, "wb") as f:
                 for k in keys:
-                    x = np.concatenate([b[k] for b in self._buf]) if len(self._buf) > 1 else self._buf[0][k]
-                    xt = np.ascontiguousarray(np.asarray(x, self._dtypes[k]).T)  # [L, b]: layers contiguous
+                    xt = np.ascontiguousarray(np.asarray(self._buffered(k), self._dtypes[k]).T)  # [L, b]
                     offsets[k] = pos
                     f.write(xt.data)
                     pos += xt.nbytes
@@ -204,7 +205,7 @@ class MicrobatchMetrics(Mapping):
         """[B, l1 - l0] values of ``key`` at layers l0:l1, in output order."""
         self.freeze()
         dt = self._dtypes[key]
-        parts = [blk.columns(key, dt, self.num_layers, l0, l1) for blk in self._blocks]
+        parts = [blk.columns(key, dt, l0, l1) for blk in self._blocks]
         if not parts:
             return np.zeros((0, l1 - l0), dt)
         x = np.concatenate(parts) if len(parts) > 1 else parts[0]
