@@ -142,3 +142,32 @@ def test_mmap_threshold_is_fixed_on_glibc():
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt's M_MMAP_THRESHOLD is glibc's")
     assert fix_mmap_threshold() is True
+
+
+@pytest.mark.parametrize("preset", [None, "mimalloc"])
+def test_arrow_buffers_come_from_the_system_pool_unless_the_user_chose(preset):
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    if preset == "mimalloc":
+        try:
+            pa.mimalloc_memory_pool()
+        except (NotImplementedError, pa.ArrowNotImplementedError):
+            pytest.skip("this pyarrow has no mimalloc")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if preset:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = preset
+    code = ("import sys; import pyarrow as pa\n"  # pyarrow first: its pool is switched, not only the variable
+            "from moeplace.budget import use_system_arrow_pool\n"
+            "print(use_system_arrow_pool(), pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    want = preset or "system"
+    assert out.stdout.split() == [want, want]
+    # imported after the call, pyarrow reads the variable the call set (what a Ray worker started from here sees)
+    code2 = ("from moeplace.budget import use_system_arrow_pool\nuse_system_arrow_pool()\nimport pyarrow as pa\n"
+             "print(pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [want]

@@ -73,3 +73,40 @@ def test_result_memory_is_checked_before_routing(monkeypatch):
     with pytest.raises(TraceError, match="per-micro-batch metrics"):
         simulate(FG, cluster=Cluster(2, 4), batching=BatchConfig(decode_batch=4, prefill_tokens=64))
 
+
+
+def test_route_groups_are_whole_microbatches_within_the_bound():
+    import numpy as np
+
+    from moeplace.simulate.simulator import route_groups
+
+    rng = np.random.default_rng(3)
+    mb = rng.integers(0, 40, 500)  # rows of 40 micro-batches in a shuffled (trace) order
+    sizes = np.bincount(mb)
+    for cap in (1, 7, 30, 100, 499, 500):
+        groups = route_groups(mb, cap)
+        flat = np.concatenate(groups)
+        assert sorted(flat.tolist()) == list(range(len(mb)))  # every row once
+        seen: list[int] = []
+        for g in groups:
+            ids = np.unique(mb[g])
+            assert all(int((mb[g] == i).sum()) == sizes[i] for i in ids)  # whole micro-batches
+            assert len(g) <= cap or len(ids) == 1  # within the bound, or one micro-batch alone
+            for i in ids:  # rows of a micro-batch keep their order
+                assert (np.diff(g[mb[g] == i]) > 0).all()
+            seen += ids.tolist()
+        assert seen == sorted(seen) == list(np.unique(mb))  # groups in micro-batch id order
+        if cap >= 500:
+            assert len(groups) == 1
+
+
+def test_small_route_groups_give_the_same_answer(monkeypatch):
+    # many decode micro-batches complete at once when a window's last request is read; routing them in groups of a
+    # few rows must not change a bit of the result
+    import moeplace.simulate.simulator as sim
+
+    kw = dict(cluster=Cluster(2, 4), chunk_tokens=5000, batching=BatchConfig(decode_batch=16, prefill_tokens=1000))
+    ref = json.dumps(simulate(FG, **kw).to_json(), sort_keys=True)
+    monkeypatch.setattr(sim, "ROUTE_ROWS", 37)
+    got = json.dumps(simulate(FG, **kw).to_json(), sort_keys=True)
+    assert got == ref

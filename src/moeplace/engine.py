@@ -65,9 +65,9 @@ def owned(result: Any) -> Any:
 
 def _call(fn: Callable, item: Any, marker: str | None, *shared: Any) -> Any:
     _kill_once(marker)
-    from moeplace.budget import fix_mmap_threshold
+    from moeplace.budget import fix_allocators
 
-    fix_mmap_threshold()  # in a Ray worker as in the CLI's process (moeplace.budget)
+    fix_allocators()  # in a Ray worker as in the CLI's process (moeplace.budget)
     return fn(item, *shared)
 
 

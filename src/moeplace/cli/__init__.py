@@ -286,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     where = f"moeplace {args.command}"
-    from moeplace.budget import fix_mmap_threshold
+    from moeplace.budget import fix_allocators
 
-    fix_mmap_threshold()  # streaming commands' RSS stays flat with the trace's length (docs/SCALE.md)
+    fix_allocators()  # streaming commands' RSS stays flat with the trace's length (docs/SCALE.md)
     try:
         check_paths(args)  # outputs never over inputs nor over a user's files, before any work
         check = getattr(args, "check", None)

@@ -221,6 +221,35 @@ def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray
 # --------------------------------------------------------------------------------------------------- accumulation
 
 
+ROUTE_ROWS = 1 << 14  # token rows routed in one kernel call at most (whole micro-batches; one larger goes alone)
+
+
+def route_groups(mb: np.ndarray, max_rows: int) -> list[np.ndarray]:
+    """Split rows into groups of whole micro-batches, in micro-batch id order, each of at most ``max_rows`` rows
+    (a micro-batch with more rows is a group alone).
+
+    mb: int [n] micro-batch id of each row. Returns int64 index arrays into mb; each group's rows keep their order
+    in mb (trace order inside a micro-batch), and the groups together hold every row once. Micro-batches are
+    routed independently and every total is an integer sum, so routing group by group gives the same result as
+    routing all rows at once.
+    """
+    mb = np.asarray(mb)
+    if len(mb) <= max_rows:
+        return [np.arange(len(mb))]
+    order = np.argsort(mb, kind="stable")
+    _, cnt = np.unique(mb, return_counts=True)
+    ends = np.cumsum(cnt)
+    groups, start, rows = [], 0, 0
+    for i, c in enumerate(cnt.tolist()):
+        if rows and rows + c > max_rows:  # close the group before micro-batch i
+            end = int(ends[i - 1])
+            groups.append(order[start:end])
+            start, rows = end, 0
+        rows += c
+    groups.append(order[start:])
+    return groups
+
+
 class _PhaseAcc:
     """Accumulators of one phase: totals, finished per-micro-batch metrics, and the token rows of open micro-batches.
 
@@ -284,14 +313,19 @@ class _PhaseAcc:
             self.pending.append([ids[rows[keep]], home[keep], mb[keep], np.ones(int(keep.sum()), bool)])
 
     def _route(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
-        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids."""
+        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids; in groups of whole
+        micro-batches of at most ROUTE_ROWS rows (:func:`route_groups`), so the kernel's and the time model's
+        per-micro-batch arrays stay bounded when many micro-batches complete at once (a decode window's steps
+        complete together when its last request is read)."""
         ctx = self.ctx
         if self.node_sends is None:
             self.node_sends = np.zeros((ctx.meta.num_layers, ctx.W, ctx.num_nodes), np.int64)
-        umb, loads, metrics = route_microbatches(ctx, ids, rows, home, mb, self.name, self.sends["per_gpu"],
-                                                 self.node_sends, self.local, self.node_local)
-        self.load += loads.sum(0)
-        self.done.append(umb.astype(np.int64), metrics)
+        for g in route_groups(mb, ROUTE_ROWS):
+            umb, loads, metrics = route_microbatches(ctx, ids, rows[g], home[g], mb[g], self.name,
+                                                     self.sends["per_gpu"], self.node_sends, self.local,
+                                                     self.node_local)
+            self.load += loads.sum(0)
+            self.done.append(umb.astype(np.int64), metrics)
 
     def result(self, name: str) -> PhaseResult:
         if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
