@@ -160,7 +160,7 @@ def test_arrow_buffers_come_from_the_system_pool_unless_the_user_chose(preset):
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if preset:
         env["ARROW_DEFAULT_MEMORY_POOL"] = preset
-    code = ("import sys; import pyarrow as pa\n"  # pyarrow first: its pool is switched, not only the variable
+    code = ("import sys; import pyarrow as pa\n"  # pyarrow first: its Python-level default pool is switched
             "from moeplace.budget import use_system_arrow_pool\n"
             "print(use_system_arrow_pool(), pa.default_memory_pool().backend_name)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

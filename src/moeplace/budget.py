@@ -112,11 +112,14 @@ def use_system_arrow_pool() -> str:
     """Arrow's buffers (the decoded row groups of a trace) from the system allocator, unless the user chose a pool
     in ``ARROW_DEFAULT_MEMORY_POOL``. Returns the pool in use ("system" or the user's choice).
 
-    Arrow's bundled jemalloc keeps pages it freed and fragments over a long read: with it a streaming replay's peak
-    RSS rose 0.625 -> 0.680 GB from a 0.2 GB to a 2 GB trace, and with the system pool 0.576 -> 0.597 GB, also a
-    little faster (docs/SCALE.md). With :func:`fix_mmap_threshold` each large buffer is its own mapping and goes
-    back to the system when freed. The variable is set for this process and the processes it starts (Ray's local
-    workers); if pyarrow is already imported, its default pool is switched too. Done once per process.
+    Arrow's default pool (mimalloc in the pinned pyarrow) keeps pages it freed and fragments over a long read:
+    with it a streaming replay's peak RSS rose 0.625 -> 0.680 GB from a 0.2 GB to a 2 GB trace, and with the system
+    pool 0.576 -> 0.597 GB, a little faster too (docs/SCALE.md). With :func:`fix_mmap_threshold` each large buffer
+    is its own mapping and goes back to the system when freed. Arrow reads the variable when it loads, so the CLI
+    calls this before anything imports pyarrow; the variable also reaches the processes started from here (a local
+    Ray cluster's workers; on an existing cluster, :class:`moeplace.engine.RayEngine` passes it in the job's
+    runtime environment). If pyarrow was imported before, only its Python-level default pool can still be switched
+    (Arrow's C++ internals keep theirs: a 2 GB replay then peaked 0.65 GB instead of 0.55 GB). Done once per process.
     """
     chosen = os.environ.get(ARROW_POOL_ENV)
     if chosen:

@@ -137,8 +137,11 @@ class RayEngine(Engine):
             try:
                 if address is None:
                     ray.init(num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **kw)
-                else:
-                    ray.init(address=address, **kw)
+                else:  # the cluster's workers were not started from here: hand them the allocator choice
+                    from moeplace.budget import ARROW_POOL_ENV
+
+                    pool = os.environ.get(ARROW_POOL_ENV) or "system"
+                    ray.init(address=address, runtime_env={"env_vars": {ARROW_POOL_ENV: pool}}, **kw)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 where = f"--address {address}" if address else "--engine ray"
                 raise EngineError(f"{where}: could not start or join a Ray cluster ({str(e).splitlines()[0]})"

@@ -294,18 +294,16 @@ class _PhaseAcc:
             else:
                 self.seen[m] = before + c
         now = np.isin(mb, complete) if len(complete) < len(umb) else np.ones(n, bool)
-        if from_pending:
-            parts: list[tuple] = []
+        if from_pending:  # rows of the complete micro-batches from earlier chunks, then from this one
+            srcs: list[tuple] = []
             for p in self.pending:
                 take = p[3] & np.isin(p[2], complete)
                 if take.any():
-                    parts.append((p[0][take], p[1][take], p[2][take]))
+                    srcs.append((p[0], np.flatnonzero(take), p[1][take], p[2][take]))
                     p[3] &= ~take
             self.pending = [p for p in self.pending if p[3].any()]
-            parts.append((ids[rows[now]], home[now], mb[now]))
-            cat = np.concatenate([x[0] for x in parts])
-            self._route(cat, np.arange(len(cat)), np.concatenate([x[1] for x in parts]),
-                        np.concatenate([x[2] for x in parts]))
+            srcs.append((ids, rows[now], home[now], mb[now]))
+            self._route_from(srcs)
         elif complete:
             self._route(ids, rows[now], home[now], mb[now])
         if not now.all():
@@ -313,17 +311,36 @@ class _PhaseAcc:
             self.pending.append([ids[rows[keep]], home[keep], mb[keep], np.ones(int(keep.sum()), bool)])
 
     def _route(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray) -> None:
-        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids; in groups of whole
-        micro-batches of at most ROUTE_ROWS rows (:func:`route_groups`), so the kernel's and the time model's
-        per-micro-batch arrays stay bounded when many micro-batches complete at once (a decode window's steps
-        complete together when its last request is read)."""
+        """Route complete micro-batches: rows of ids in trace order, mb their micro-batch ids."""
+        self._route_from([(ids, rows, home, mb)])
+
+    def _route_from(self, srcs: list[tuple]) -> None:
+        """Route complete micro-batches whose rows lie in several arrays: srcs is a list of (ids int16 [T_s, L, K],
+        rows [n_s], home [n_s], mb [n_s]) in trace order. In groups of whole micro-batches of at most ROUTE_ROWS
+        rows (:func:`route_groups`): a group from one array is routed from it, one from several is gathered into
+        a buffer of its rows only. So the kernel's and the time model's arrays, and the copies, stay bounded when
+        many micro-batches complete at once (a decode window's steps complete together when its last request is
+        read)."""
         ctx = self.ctx
         if self.node_sends is None:
             self.node_sends = np.zeros((ctx.meta.num_layers, ctx.W, ctx.num_nodes), np.int64)
+        src = np.concatenate([np.full(len(x[1]), i, np.int32) for i, x in enumerate(srcs)])
+        rows = np.concatenate([np.asarray(x[1], np.int64) for x in srcs])
+        home = np.concatenate([np.asarray(x[2], np.int64) for x in srcs])
+        mb = np.concatenate([np.asarray(x[3], np.int64) for x in srcs])
         for g in route_groups(mb, ROUTE_ROWS):
-            umb, loads, metrics = route_microbatches(ctx, ids, rows[g], home[g], mb[g], self.name,
-                                                     self.sends["per_gpu"], self.node_sends, self.local,
-                                                     self.node_local)
+            s = np.unique(src[g])
+            if len(s) == 1:
+                ids, r = srcs[int(s[0])][0], rows[g]
+            else:
+                first = srcs[int(s[0])][0]
+                ids = np.empty((len(g),) + first.shape[1:], np.int16)
+                for i in s.tolist():
+                    at = np.flatnonzero(src[g] == i)
+                    ids[at] = srcs[i][0][rows[g[at]]]
+                r = np.arange(len(g))
+            umb, loads, metrics = route_microbatches(ctx, ids, r, home[g], mb[g], self.name, self.sends["per_gpu"],
+                                                     self.node_sends, self.local, self.node_local)
             self.load += loads.sum(0)
             self.done.append(umb.astype(np.int64), metrics)
 
@@ -332,9 +349,7 @@ class _PhaseAcc:
             ps = [p for p in self.pending if p[3].any()]
             self.pending = []
             if ps:
-                ids = np.concatenate([p[0][p[3]] for p in ps])
-                self._route(ids, np.arange(len(ids)), np.concatenate([p[1][p[3]] for p in ps]),
-                            np.concatenate([p[2][p[3]] for p in ps]))
+                self._route_from([(p[0], np.flatnonzero(p[3]), p[1][p[3]], p[2][p[3]]) for p in ps])
         if self.node_sends is not None:
             self.sends["two_hop"] = two_hop_matrix(self.sends["per_gpu"], self.node_sends, self.ctx.G)
             self.node_sends = None
