@@ -171,3 +171,17 @@ def test_arrow_buffers_come_from_the_system_pool_unless_the_user_chose(preset):
              "print(pa.default_memory_pool().backend_name)")
     out = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [want]
+
+
+def test_the_cli_chooses_the_system_pool_before_pyarrow_loads(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    code = ("import os, sys\nfrom moeplace.cli import main\n"
+            f"rc = main(['analyze', {str(tmp_path / 'absent.trace')!r}, '--json', {str(tmp_path / 'a.json')!r}])\n"
+            "import pyarrow as pa\n"
+            "print(rc, os.environ.get('ARROW_DEFAULT_MEMORY_POOL'), pa.default_memory_pool().backend_name)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-3:] == ["2", "system", "system"]  # chosen before the command read its input
