@@ -45,7 +45,7 @@ def test_ranges_cover_every_shard_once():
 
 
 def test_small_budget_spills_and_gives_the_same_answer(monkeypatch, tmp_path):
-    # 64M: an 8 MB in-memory buffer, so the metrics of these 33,088 decode micro-batches go to spill files
+    # 64M: a 4 MB in-memory buffer, so the metrics of these 33,088 decode micro-batches go to spill files
     import moeplace.simulate.simulator as sim
 
     kw = dict(cluster=Cluster(2, 4), batching=BatchConfig(decode_batch=4, prefill_tokens=64))

@@ -21,7 +21,7 @@ SMALL = ["--cluster", "2x4", "--decode-batch", "4", "--prefill-tokens", "64"]  #
 
 def test_a_spill_folder_it_cannot_make_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("MOEPLACE_SPILL_DIR", str(tmp_path / "missing"))
-    monkeypatch.setenv("MOEPLACE_MEMORY_BUDGET", "64M")  # an 8 MB buffer: this replay spills
+    monkeypatch.setenv("MOEPLACE_MEMORY_BUDGET", "64M")  # a 4 MB buffer: this replay spills
     p = run_cli(["simulate", FG, *SMALL], tmp_path, timeout=300)
     assert_clean_failure(p, [str(tmp_path / "missing"), "MOEPLACE_SPILL_DIR"])
 
@@ -47,7 +47,7 @@ def test_kill_while_spilling_then_rerun(tmp_path):
                            env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert not list(spill.iterdir())  # the stale folder went with the next replay, its own at its exit
-    env_mem = {**env, "MOEPLACE_MEMORY_BUDGET": "8G"}  # a 16 MB buffer: other block boundaries, the same answer
+    env_mem = {**env, "MOEPLACE_MEMORY_BUDGET": "24M"}  # a 3 MB buffer: other block boundaries, the same answer
     ref = tmp_path / "ref.json"
     p = subprocess.run([sys.executable, "-m", "moeplace", "simulate", str(FG), *SMALL, "--json", str(ref)],
                        env=env_mem, capture_output=True, text=True, timeout=300)

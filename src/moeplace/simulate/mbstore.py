@@ -26,7 +26,7 @@ import numpy as np
 
 from moeplace.trace.types import TraceError
 
-SPILL_BYTES = 16 << 20  # finished metrics of one phase kept in memory before they are written out
+SPILL_BYTES = 4 << 20  # finished metrics of one phase kept in memory before they are written out (4 MB)
 COLUMN_ELEMENTS = 1 << 19  # values of one metric read back at once: B x (layers of a block) <= this (4 MB float64)
 SPILL_DIR_ENV = "MOEPLACE_SPILL_DIR"
 

@@ -271,14 +271,24 @@ def _read_requests(p: Path, data_files: list[Path], meta: TraceMeta, budget: int
         raise TraceError(f"{p}: request_id {int(dup)} appears more than once in the request table")
     reqs = Requests(
         request_id=rid,
-        domain=np.asarray(t.column("domain").to_pylist(), dtype=object),
-        source=np.asarray(t.column("source").to_pylist(), dtype=object),
+        domain=shared_strings(t.column("domain")),
+        source=shared_strings(t.column("source")),
         prompt_len=t.column("prompt_len").to_numpy().astype(np.int32),
         gen_len=t.column("gen_len").to_numpy().astype(np.int32),
     )
     check_lengths(reqs.prompt_len, "prompt_len", f"{p}: request table")
     check_lengths(reqs.gen_len, "gen_len", f"{p}: request table")
     return reqs
+
+
+def shared_strings(col: pa.ChunkedArray) -> np.ndarray:
+    """object [R] of a string column, each distinct value one Python str shared by its rows (a request table's
+    domain and source hold a few values over many rows: one str object per row cost ~60 bytes each, which grew
+    with the trace)."""
+    enc = col.dictionary_encode().combine_chunks() if len(col) else pa.array([], pa.string()).dictionary_encode()
+    values = np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)
+    idx = enc.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return values[idx]
 
 
 def read_requests(path: str | os.PathLike, budget: int | None = None) -> Requests:
