@@ -138,10 +138,10 @@ class RayEngine(Engine):
                 if address is None:
                     ray.init(num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **kw)
                 else:  # the cluster's workers were not started from here: hand them the allocator choice
-                    from moeplace.budget import ARROW_POOL_ENV
+                    from moeplace.budget import ARROW_POOL_ENV, use_system_arrow_pool
 
-                    pool = os.environ.get(ARROW_POOL_ENV) or "system"
-                    ray.init(address=address, runtime_env={"env_vars": {ARROW_POOL_ENV: pool}}, **kw)
+                    env = {ARROW_POOL_ENV: use_system_arrow_pool()}
+                    ray.init(address=address, runtime_env={"env_vars": env}, **kw)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 where = f"--address {address}" if address else "--engine ray"
                 raise EngineError(f"{where}: could not start or join a Ray cluster ({str(e).splitlines()[0]})"

@@ -325,17 +325,14 @@ class _PhaseAcc:
         if self.node_sends is None:
             self.node_sends = np.zeros((ctx.meta.num_layers, ctx.W, ctx.num_nodes), np.int64)
         src = np.concatenate([np.full(len(x[1]), i, np.int32) for i, x in enumerate(srcs)])
-        rows = np.concatenate([np.asarray(x[1], np.int64) for x in srcs])
-        home = np.concatenate([np.asarray(x[2], np.int64) for x in srcs])
-        mb = np.concatenate([np.asarray(x[3], np.int64) for x in srcs])
+        rows, home, mb = (np.concatenate([np.asarray(x[j], np.int64) for x in srcs]) for j in (1, 2, 3))
         for g in route_groups(mb, ROUTE_ROWS):
-            s = np.unique(src[g])
-            if len(s) == 1:
-                ids, r = srcs[int(s[0])][0], rows[g]
+            s = np.unique(src[g]).tolist()
+            if len(s) == 1:  # every row in one array (always so without waiting rows): no copy
+                ids, r = srcs[s[0]][0], rows[g]
             else:
-                first = srcs[int(s[0])][0]
-                ids = np.empty((len(g),) + first.shape[1:], np.int16)
-                for i in s.tolist():
+                ids = np.empty((len(g),) + srcs[s[0]][0].shape[1:], np.int16)
+                for i in s:
                     at = np.flatnonzero(src[g] == i)
                     ids[at] = srcs[i][0][rows[g[at]]]
                 r = np.arange(len(g))
