@@ -110,3 +110,39 @@ def test_small_route_groups_give_the_same_answer(monkeypatch):
     monkeypatch.setattr(sim, "ROUTE_ROWS", 37)
     got = json.dumps(simulate(FG, **kw).to_json(), sort_keys=True)
     assert got == ref
+
+
+@pytest.mark.parametrize("batching", [BatchConfig(decode_batch=16, prefill_tokens=1000),
+                                      BatchConfig(decode_running=64)])
+def test_each_microbatch_has_one_owner_that_reads_all_its_shards(batching):
+    # the owner of a micro-batch is the range holding its first row; it must read on to the last shard with a row
+    # of it, and no other range may route it (which shards hold which micro-batch: from each shard's rows here)
+    import numpy as np
+
+    from moeplace.simulate.batching import build_layout, microbatch_ids, rows_of
+    from moeplace.simulate.simulator import own_microbatches, part_microbatches
+    from moeplace.trace.reader import iter_light_columns, read_requests
+    from moeplace.trace.types import DECODE, PREFILL
+
+    req = read_requests(FG)
+    lay = build_layout(str(FG), req, np.zeros(len(req), np.int64), batching)
+    where: dict[tuple[int, int], list[int]] = {}
+    for s in range(len(shard_files(FG))):
+        for rid, pos, ph in iter_light_columns(str(FG), shards=[s]):
+            mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
+            for key in {(int(p), int(m)) for p, m in zip(ph.tolist(), mb.tolist(), strict=True)}:
+                where.setdefault(key, []).append(s)
+    parts = plan_parts(str(FG), 8)
+    owned = own_microbatches(parts, lay, [x for p in parts for x in part_microbatches(p, lay)])
+    seen: dict[tuple[int, int], int] = {}
+    for k, part in enumerate(owned):
+        assert part.shards == parts[k].shards and part.read_to >= part.shards[-1]
+        for p, ids in zip((PREFILL, DECODE), part.owned, strict=True):
+            assert (np.diff(ids) > 0).all()
+            for m in ids.tolist():
+                assert (p, m) not in seen  # one owner
+                seen[(p, m)] = k
+                assert min(where[(p, m)]) in part.shards and max(where[(p, m)]) <= part.read_to
+    assert set(seen) == set(where)  # every micro-batch with a row has an owner
+    straddling = sum(1 for v in where.values() if len(set(v)) > 1)
+    assert straddling > 10  # the case that matters occurs: micro-batches whose rows lie in several shards

@@ -401,9 +401,9 @@ def simulate(trace, plan: Plan | None = None, cluster: Cluster | None = None, co
     trace: a trace directory or an in-memory :class:`Trace`. plan: placement + homes; None -> linear placement
     with ``num_redundant`` redundant slots on ``cluster`` and round-robin homes in request-table order.
     replica_costs: locality costs of the ``balanced-local`` rule (None: :class:`ReplicaCosts` defaults).
-    engine (:mod:`moeplace.engine`, trace directories only): replay ranges of shards as separate tasks, each routing
-    the micro-batches whose rows all lie in its range; the few that straddle two ranges are routed here from the
-    rows the tasks hand back. Micro-batches are independent and every total is an integer sum, so the answer is
+    engine (:mod:`moeplace.engine`, trace directories only): replay ranges of shards as separate tasks; each
+    routes the micro-batches whose first row lies in its range, reading on into the next shards for those that
+    straddle its end. Micro-batches are independent and every total is an integer sum, so the answer is
     byte-identical to the single-process stream (:func:`simulate_parts`).
     """
     meta, requests, source = _open_source(trace)
@@ -464,10 +464,16 @@ def spill_bytes() -> int:
 
 @dataclass(frozen=True)
 class SimPart:
-    """A range of consecutive shards of a trace (indices into its shard files), replayed by one task."""
+    """A range of consecutive shards of a trace (indices into its shard files), replayed by one task.
+
+    ``owned`` (phase -> sorted int64 micro-batch ids) are the micro-batches whose first row lies in the range: the
+    task routes exactly these, reading on into later shards (up to ``read_to``) for those that straddle its end;
+    empty until :func:`own_microbatches` filled them."""
 
     path: str
     shards: tuple[int, ...]
+    owned: tuple[np.ndarray, np.ndarray] | None = None  # (prefill ids, decode ids)
+    read_to: int = -1  # the last shard a task reads (>= the range's last)
 
 
 PART_ROWS = 1 << 20  # token rows of one task at most (a task holds its finished metrics until it returns)
@@ -481,6 +487,50 @@ def plan_parts(path: str, tasks: int) -> list[SimPart]:
     return [SimPart(path, r) for r in shard_ranges(rows, tasks)]
 
 
+def part_microbatches(part: SimPart, lay: Layout) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Map step 1 (light columns only): per shard of the range, the sorted ids of the prefill and of the decode
+    micro-batches it holds rows of."""
+    out = []
+    for s in part.shards:
+        ids: dict[int, list] = {PREFILL: [], DECODE: []}
+        for rid, pos, ph in iter_light_columns(part.path, check_requests=False, shards=[s]):
+            mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
+            for p in (PREFILL, DECODE):
+                ids[p].append(np.unique(mb[ph == p]))
+        out.append(tuple(np.unique(np.concatenate(ids[p])) if ids[p] else np.zeros(0, np.int64)
+                         for p in (PREFILL, DECODE)))
+    return out
+
+
+def own_microbatches(parts: list[SimPart], lay: Layout, per_shard: list[tuple[np.ndarray, np.ndarray]]
+                     ) -> list[SimPart]:
+    """Each micro-batch to the part holding its first row (in trace order), with the last shard that part must
+    read: ``per_shard`` is :func:`part_microbatches`'s answer for every shard in order. Every micro-batch of the
+    layout has exactly one owner, so every row is routed once, by a task that sees all of its micro-batch's rows
+    in trace order."""
+    first, last = {}, {}
+    for p in (PREFILL, DECODE):
+        n = len(lay.mb_ids[p])
+        first[p], last[p] = np.full(n, len(per_shard), np.int64), np.full(n, -1, np.int64)
+        for s, ids in enumerate(per_shard):
+            j = np.searchsorted(lay.mb_ids[p], ids[p])
+            np.minimum.at(first[p], j, s)
+            np.maximum.at(last[p], j, s)
+        if n and last[p].min() < 0:  # the light pass saw what the layout did: a changed trace
+            raise TraceError(f"{parts[0].path}: a shard changed while it was read (micro-batches without rows)")
+    out = []
+    for part in parts:
+        a, b = part.shards[0], part.shards[-1]
+        owned, read_to = [], b
+        for p in (PREFILL, DECODE):
+            mine = (first[p] >= a) & (first[p] <= b)
+            owned.append(lay.mb_ids[p][mine])
+            if mine.any():
+                read_to = max(read_to, int(last[p][mine].max()))
+        out.append(SimPart(part.path, part.shards, (owned[0], owned[1]), read_to))
+    return out
+
+
 def _phase_state(acc: _PhaseAcc) -> dict:
     """The sums and finished micro-batches of a part's phase accumulator (what the driver adds to its own)."""
     return {"tokens": acc.tokens, "pairs": acc.pairs, "local": acc.local, "node_local": acc.node_local,
@@ -488,44 +538,47 @@ def _phase_state(acc: _PhaseAcc) -> dict:
             "done": acc.done.pieces()}
 
 
+def _member(mb: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """bool [n]: which of ``mb`` int64 [n] are in ``ids`` (sorted int64)."""
+    if not len(ids):
+        return np.zeros(len(mb), bool)
+    j = np.minimum(np.searchsorted(ids, mb), len(ids) - 1)
+    return ids[j] == mb
+
+
 def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> dict:
-    """Map step: replay one range of shards. Micro-batches whose rows all lie in the range are routed here; the
-    rows of the others come back (per phase: ids int16 [n, L, K], home [n], micro-batch [n], in trace order)."""
-    inside: dict[int, list] = {PREFILL: [], DECODE: []}
-    for rid, pos, ph in iter_light_columns(part.path, check_requests=False, shards=list(part.shards)):
-        mb = microbatch_ids(lay, rows_of(lay, rid), pos, ph)
-        for p in (PREFILL, DECODE):
-            inside[p].append(mb[ph == p])
-    complete = {}
-    for p in (PREFILL, DECODE):
-        u, c = np.unique(np.concatenate(inside[p]) if inside[p] else np.zeros(0, np.int64), return_counts=True)
-        j = np.searchsorted(lay.mb_ids[p], u)
-        complete[p] = u[lay.mb_tokens[p][j] == c]  # every row of these micro-batches is in this range
+    """Map step 2: route the micro-batches the part owns (:func:`own_microbatches`), from its first shard on, and
+    stop as soon as every row of them was read (at most up to ``read_to``)."""
+    owned = dict(zip((PREFILL, DECODE), part.owned, strict=True))
+    need = sum(int(lay.mb_tokens[p][np.searchsorted(lay.mb_ids[p], owned[p])].sum()) for p in (PREFILL, DECODE))
     accs = {p: _PhaseAcc(ctx, lay, p, spill=False) for p in (PREFILL, DECODE)}  # the driver may be elsewhere
-    rest: dict[int, list] = {PREFILL: [], DECODE: []}
-    for ch in iter_token_chunks(part.path, chunk_tokens=chunk_tokens, columns_weights=False, check_requests=False,
-                                shards=list(part.shards)):
-        r = rows_of(lay, ch.request_id)
-        mb = microbatch_ids(lay, r, ch.position, ch.phase)
-        home = lay.home[r]
-        ids = np.ascontiguousarray(ch.expert_ids, np.int16)
-        for p in (PREFILL, DECODE):
-            sel = np.flatnonzero(ch.phase == p)
-            here = np.isin(mb[sel], complete[p])
-            accs[p].add(ids, sel[here], home[sel[here]], mb[sel[here]])
-            if not here.all():
-                away = sel[~here]
-                rest[p].append((ids[away], home[away], mb[away]))
-    return {p: {**_phase_state(accs[p]), "rest": rest[p]} for p in (PREFILL, DECODE)}
+    got = 0
+    if need:
+        for ch in iter_token_chunks(part.path, chunk_tokens=chunk_tokens, columns_weights=False,
+                                    check_requests=False, shards=list(range(part.shards[0], part.read_to + 1))):
+            r = rows_of(lay, ch.request_id)
+            mb = microbatch_ids(lay, r, ch.position, ch.phase)
+            home = lay.home[r]
+            ids = np.ascontiguousarray(ch.expert_ids, np.int16)
+            for p in (PREFILL, DECODE):
+                sel = np.flatnonzero(ch.phase == p)
+                sel = sel[_member(mb[sel], owned[p])]
+                accs[p].add(ids, sel, home[sel], mb[sel])
+                got += len(sel)
+            if got >= need:  # the rest of these shards belongs to later parts
+                break
+    return {p: _phase_state(accs[p]) for p in (PREFILL, DECODE)}
 
 
 def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine) -> SimResult:
-    """Reduce step: run :func:`simulate_part` over ranges of shards through ``engine`` and merge in range order:
-    integer sums add, finished micro-batches are kept (the result sorts them by id), and rows of micro-batches
-    that straddle ranges are fed, in trace order, to this process's accumulators, which route each once complete."""
+    """Reduce step: find each micro-batch's owner (:func:`part_microbatches` on every range, then
+    :func:`own_microbatches`), run :func:`simulate_part` over the ranges through ``engine`` and merge in range
+    order: integer sums add, finished micro-batches are kept (the result sorts them by id). Nothing is routed
+    here, and no token row travels between processes."""
     accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
     parts = plan_parts(path, TASKS_PER_WORKER * max(1, int(getattr(engine, "workers", 1))))
-    for out in engine.map(simulate_part, parts, ctx, lay, chunk_tokens):
+    per_shard = [s for out in engine.map(part_microbatches, parts, lay) for s in out]
+    for out in engine.map(simulate_part, own_microbatches(parts, lay, per_shard), ctx, lay, chunk_tokens):
         for p in (PREFILL, DECODE):
             st, acc = out[p], accs[p]
             acc.tokens += st["tokens"]
@@ -540,8 +593,6 @@ def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine)
                 acc.node_sends += st["node_sends"]
             for ids, metrics in st["done"]:
                 acc.done.append(ids, metrics)
-            for ids, home, mb in st["rest"]:
-                acc.add(ids, np.arange(len(ids)), home, mb)
     return _result(ctx, accs)
 
 
