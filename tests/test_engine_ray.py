@@ -103,6 +103,36 @@ def test_killed_worker_is_retried_with_the_same_answer(engine, fg_local, tmp_pat
     assert got == fg_local
 
 
+def _pieces(item: tuple[int, str | None]):
+    n, marker = item
+    for j in range(n):
+        yield n, j, np.full(1 << 16, j, np.int32)
+        if marker and j == 1 and not os.path.exists(marker):  # die after handing over two pieces
+            open(marker, "w").close()
+            os.kill(os.getpid(), 9)
+
+
+def test_pieces_stream_in_order_and_a_killed_worker_replays(engine, tmp_path, monkeypatch):
+    # streaming-generator tasks: every piece once, in item order and in yield order, the same after a worker that
+    # SIGKILLs itself is retried (Ray replays the generator and skips the pieces already handed over)
+    from moeplace.engine import LocalEngine
+
+    sizes = [3, 0, 5, 1]
+    want = [(i, (n, j)) for i, n in enumerate(sizes) for j in range(n)]
+    items = [(n, None) for n in sizes]
+    assert [(i, p[:2]) for i, p in LocalEngine().map_pieces(_pieces, items)] == want
+    assert [(i, p[:2]) for i, p in engine.map_pieces(_pieces, items)] == want
+    mid = tmp_path / "mid"
+    for marker, its in ((tmp_path / "start", items), (mid, [(n, str(mid) if n == 5 else None) for n in sizes])):
+        if marker.name == "start":  # killed before its first piece (the engine's hook)
+            monkeypatch.setenv(KILL_ONCE_ENV, str(marker))
+        got = list(engine.map_pieces(_pieces, its))
+        monkeypatch.delenv(KILL_ONCE_ENV, raising=False)
+        assert marker.exists()
+        assert [(i, p[:2]) for i, p in got] == want
+        assert all(int(p[2][0]) == p[1] and p[2].flags.owndata for _, p in got)  # copies out of the store
+
+
 def test_compare_on_ray_is_the_sequential_answer(engine):
     from test_compare_engine import compare_both
 
@@ -118,6 +148,21 @@ def test_simulate_on_ray_is_byte_identical(engine):
     a = simulate(FG, **kw).to_json()
     b = simulate(FG, engine=engine, **kw).to_json()
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_simulate_survives_a_killed_worker(engine, tmp_path, monkeypatch):
+    # simulate's tasks stream their finished micro-batches (Engine.map_pieces); a task whose worker dies runs again
+    from moeplace.placement import Cluster
+    from moeplace.simulate import BatchConfig, simulate
+
+    kw = {"cluster": Cluster(2, 4), "batching": BatchConfig(decode_batch=16, prefill_tokens=1024)}
+    ref = json.dumps(simulate(FG, **kw).to_json(), sort_keys=True)
+    marker = tmp_path / "killed"
+    monkeypatch.setenv(KILL_ONCE_ENV, str(marker))
+    got = json.dumps(simulate(FG, engine=engine, **kw).to_json(), sort_keys=True)
+    assert marker.exists()
+    assert got == ref
+
 
 
 def _cli(args: list, cwd) -> subprocess.CompletedProcess:

@@ -10,7 +10,10 @@ comes back itself, exactly, in item order; it does not know which engine ran the
   cluster it starts with ``num_cpus`` workers. ``shared`` arguments are put in the object store once.
 
 Results come back in item order with at most ``window`` calls in flight, so a driver that reduces as it goes holds
-a bounded number of partial results. A Ray result is a copy the caller owns: ``ray.get`` hands back numpy arrays
+a bounded number of partial results. :meth:`Engine.map_pieces` does the same for a generator function, piece by
+piece (a Ray streaming-generator task per item): a task whose result grows with its share of the trace (simulate's
+per-micro-batch metrics) hands it over in bounded blocks, and neither the worker nor the store holds it whole.
+A Ray result is a copy the caller owns: ``ray.get`` hands back numpy arrays
 that are read-only views of the task's whole object in the object store, and a reducer that keeps any one of them
 (a [L] drift value, a micro-batch's metrics) would keep the whole result (its counters, its rows) pinned in the
 store and mapped into the driver, so the driver grew with the number of tasks (docs/SCALE.md). Ray is imported only
@@ -71,6 +74,12 @@ def _call(fn: Callable, item: Any, marker: str | None, *shared: Any) -> Any:
     return fn(item, *shared)
 
 
+def _call_pieces(fn: Callable, item: Any, marker: str | None, *shared: Any) -> Iterator:
+    """:func:`_call` for a generator function: a Ray streaming-generator task (a retried task replays its pieces;
+    Ray skips those already handed over, so ``fn`` must yield the same pieces every time, as a pure one does)."""
+    yield from _call(fn, item, marker, *shared)
+
+
 class Engine:
     """Runs ``fn(item, *shared)`` for each item and yields the results in item order (see the module docstring)."""
 
@@ -79,6 +88,14 @@ class Engine:
 
     def map(self, fn: Callable, items: Sequence, *shared: Any) -> Iterator:
         raise NotImplementedError
+
+    def map_pieces(self, fn: Callable, items: Sequence, *shared: Any) -> Iterator[tuple[int, Any]]:
+        """Like :meth:`map` for a generator function ``fn``: yields ``(item index, piece)`` for every piece each
+        call yields, in item order and, within an item, in the order it yielded them. A task hands each piece over
+        as it is made, so neither the task nor the store holds its whole result at once."""
+        for i, item in enumerate(items):
+            for piece in fn(item, *shared):
+                yield i, piece
 
     def close(self) -> None:
         """Release what the engine holds (a local Ray cluster it started is shut down)."""
@@ -151,6 +168,20 @@ class RayEngine(Engine):
         self.max_retries = max_retries
         self.window = window or 2 * self.workers
         self._remote = ray.remote(_call).options(max_retries=max_retries, retry_exceptions=False)
+        self._remote_pieces = ray.remote(_call_pieces).options(max_retries=max_retries, retry_exceptions=False,
+                                                               num_returns="streaming")
+
+    def _failed(self, e: Exception, pending: deque) -> Exception:
+        """The error to raise for a failed task (``pending``: the calls in flight, cancelled)."""
+        for ref in pending:
+            try:
+                self._ray.cancel(ref, force=True)
+            except (TypeError, ValueError, self._ray.exceptions.RayError):  # a finished streaming call
+                pass
+        cause = getattr(e, "cause", None)
+        if isinstance(e, self._ray.exceptions.RayTaskError) and isinstance(cause, Exception):
+            return cause  # the function's own error (a bad shard: one line naming the file)
+        return EngineError(f"--engine ray: a task failed ({str(e).splitlines()[0]})")
 
     def map(self, fn: Callable, items: Sequence, *shared: Any) -> Iterator:
         ray = self._ray
@@ -170,13 +201,34 @@ class RayEngine(Engine):
             try:
                 out = owned(ray.get(pending.popleft()))  # the store's copy is released with the ref
             except ray.exceptions.RayError as e:
-                for ref in pending:
-                    ray.cancel(ref, force=True)
-                cause = getattr(e, "cause", None)
-                if isinstance(e, ray.exceptions.RayTaskError) and isinstance(cause, Exception):
-                    raise cause from None  # the function's own error (a bad shard: one line naming the file)
-                raise EngineError(f"--engine ray: a task failed ({str(e).splitlines()[0]})") from None
+                raise self._failed(e, pending) from None
             yield out
+
+    def map_pieces(self, fn: Callable, items: Sequence, *shared: Any) -> Iterator[tuple[int, Any]]:
+        ray = self._ray
+        refs = [ray.put(s) for s in shared]
+        marker = os.environ.get(KILL_ONCE_ENV)
+        pending: deque = deque()  # (item index, ObjectRefGenerator)
+        it = enumerate(items)
+        while True:
+            while len(pending) < self.window:
+                nxt = next(it, None)
+                if nxt is None:
+                    break
+                pending.append((nxt[0], self._remote_pieces.remote(fn, nxt[1], marker, *refs)))
+            if not pending:
+                return
+            i, gen = pending.popleft()
+            while True:
+                try:
+                    ref = next(gen, None)
+                    if ref is None:
+                        break
+                    piece = owned(ray.get(ref))
+                except ray.exceptions.RayError as e:
+                    raise self._failed(e, deque(g for _, g in pending)) from None
+                del ref  # the store's copy goes with it
+                yield i, piece
 
     def close(self) -> None:
         if self._started and self._ray.is_initialized():

@@ -137,6 +137,18 @@ class MicrobatchMetrics(Mapping):
                              f"or set {SPILL_DIR_ENV} to a folder with room") from None
         return _Block(rows, path=path, offsets=offsets)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the micro-batches appended since the last flush or :meth:`take`."""
+        return self._buf_bytes
+
+    def take(self) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """Hand over the finished micro-batches held so far, as :meth:`pieces` does, and forget them (a task
+        streaming its result to another process: ``spill_bytes=None``)."""
+        out = self.pieces()
+        self._blocks, self._block_ids = [], []
+        return out
+
     def pieces(self) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """The finished micro-batches as (ids int [b], name -> [b, L]) blocks in the order they finished, for a task
         that hands them to another process (a store that never spills: ``spill_bytes=None``)."""

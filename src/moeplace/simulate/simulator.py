@@ -341,12 +341,15 @@ class _PhaseAcc:
             self.load += loads.sum(0)
             self.done.append(umb.astype(np.int64), metrics)
 
+    def route_open(self) -> None:
+        """Route the micro-batches still open, from the rows seen (the layout expected more: a changed trace)."""
+        ps = [p for p in self.pending if p[3].any()]
+        self.pending = []
+        if ps:
+            self._route_from([(p[0], np.flatnonzero(p[3]), p[1][p[3]], p[2][p[3]]) for p in ps])
+
     def result(self, name: str) -> PhaseResult:
-        if self.pending:  # micro-batches the layout expected more tokens for: route what was seen
-            ps = [p for p in self.pending if p[3].any()]
-            self.pending = []
-            if ps:
-                self._route_from([(p[0], np.flatnonzero(p[3]), p[1][p[3]], p[2][p[3]]) for p in ps])
+        self.route_open()
         if self.node_sends is not None:
             self.sends["two_hop"] = two_hop_matrix(self.sends["per_gpu"], self.node_sends, self.ctx.G)
             self.node_sends = None
@@ -531,11 +534,10 @@ def own_microbatches(parts: list[SimPart], lay: Layout, per_shard: list[tuple[np
     return out
 
 
-def _phase_state(acc: _PhaseAcc) -> dict:
-    """The sums and finished micro-batches of a part's phase accumulator (what the driver adds to its own)."""
+def _phase_sums(acc: _PhaseAcc) -> dict:
+    """The integer sums of a part's phase accumulator (what the driver adds to its own)."""
     return {"tokens": acc.tokens, "pairs": acc.pairs, "local": acc.local, "node_local": acc.node_local,
-            "load": acc.load, "per_gpu": acc.sends["per_gpu"], "node_sends": acc.node_sends,
-            "done": acc.done.pieces()}
+            "load": acc.load, "per_gpu": acc.sends["per_gpu"], "node_sends": acc.node_sends}
 
 
 def _member(mb: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -546,9 +548,11 @@ def _member(mb: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids[j] == mb
 
 
-def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> dict:
-    """Map step 2: route the micro-batches the part owns (:func:`own_microbatches`), from its first shard on, and
-    stop as soon as every row of them was read (at most up to ``read_to``)."""
+def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> Iterator:
+    """Map step 2 (a generator): route the micro-batches the part owns (:func:`own_microbatches`), from its first
+    shard on, and stop as soon as every row of them was read (at most up to ``read_to``). Yields ``(phase, ids
+    int64 [b], metrics name -> [b, L])`` blocks of finished micro-batches whenever a phase holds SPILL_BYTES of
+    them, and last ``{phase: sums}``; so a task never holds its part's whole result."""
     owned = dict(zip((PREFILL, DECODE), part.owned, strict=True))
     need = sum(int(lay.mb_tokens[p][np.searchsorted(lay.mb_ids[p], owned[p])].sum()) for p in (PREFILL, DECODE))
     accs = {p: _PhaseAcc(ctx, lay, p, spill=False) for p in (PREFILL, DECODE)}  # the driver may be elsewhere
@@ -565,22 +569,33 @@ def simulate_part(part: SimPart, ctx: _Ctx, lay: Layout, chunk_tokens: int) -> d
                 sel = sel[_member(mb[sel], owned[p])]
                 accs[p].add(ids, sel, home[sel], mb[sel])
                 got += len(sel)
+                if accs[p].done.buffered_bytes >= SPILL_BYTES:
+                    for b_ids, metrics in accs[p].done.take():
+                        yield p, b_ids, metrics
             if got >= need:  # the rest of these shards belongs to later parts
                 break
-    return {p: _phase_state(accs[p]) for p in (PREFILL, DECODE)}
+    for p in (PREFILL, DECODE):
+        accs[p].route_open()  # what the layout expected more rows of (a changed trace), as one process does
+        for b_ids, metrics in accs[p].done.take():
+            yield p, b_ids, metrics
+    yield {p: _phase_sums(accs[p]) for p in (PREFILL, DECODE)}
 
 
 def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine) -> SimResult:
     """Reduce step: find each micro-batch's owner (:func:`part_microbatches` on every range, then
     :func:`own_microbatches`), run :func:`simulate_part` over the ranges through ``engine`` and merge in range
-    order: integer sums add, finished micro-batches are kept (the result sorts them by id). Nothing is routed
-    here, and no token row travels between processes."""
+    order: integer sums add, finished micro-batches are kept as their blocks arrive (the result sorts them by id).
+    Nothing is routed here, and no token row travels between processes."""
     accs = {p: _PhaseAcc(ctx, lay, p) for p in (PREFILL, DECODE)}
     parts = plan_parts(path, TASKS_PER_WORKER * max(1, int(getattr(engine, "workers", 1))))
     per_shard = [s for out in engine.map(part_microbatches, parts, lay) for s in out]
-    for out in engine.map(simulate_part, own_microbatches(parts, lay, per_shard), ctx, lay, chunk_tokens):
+    for _, piece in engine.map_pieces(simulate_part, own_microbatches(parts, lay, per_shard), ctx, lay, chunk_tokens):
+        if not isinstance(piece, dict):
+            p, ids, metrics = piece
+            accs[p].done.append(ids, metrics)
+            continue
         for p in (PREFILL, DECODE):
-            st, acc = out[p], accs[p]
+            st, acc = piece[p], accs[p]
             acc.tokens += st["tokens"]
             acc.pairs += st["pairs"]
             acc.local += st["local"]
@@ -591,8 +606,6 @@ def simulate_parts(ctx: _Ctx, lay: Layout, path: str, chunk_tokens: int, engine)
                 if acc.node_sends is None:
                     acc.node_sends = np.zeros_like(st["node_sends"])
                 acc.node_sends += st["node_sends"]
-            for ids, metrics in st["done"]:
-                acc.done.append(ids, metrics)
     return _result(ctx, accs)
 
 
