@@ -263,6 +263,10 @@ def main() -> None:
                        if cmd == "analyze" else ["simulate", tr, "--cluster", "4x8", "--json", out])
                 m = run_measured([*cli, *extra], work)
                 m["tokens_x_layers_per_second"] = tokens * L / m["wall_seconds"]
+                first = per_size[0]["runs"].get(cmd, {}).get(eng) if per_size[0]["size"] == 1 else None
+                if first:  # the flatness targets: this size's peaks over the 1x trace's, same command and engine
+                    for k in ("tree_peak_rss_bytes", "max_process_rss_bytes"):
+                        m[k.replace("_bytes", "_vs_1x")] = m[k] / first[k]
                 runs[eng] = m
                 outs[eng] = out
                 save()
