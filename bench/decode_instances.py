@@ -14,10 +14,12 @@ grouper column per instance, no redundant slots; only its grouper is used) on th
 held-out requests are routed through the evaluation (``moeplace.evaluate.windows.held_out_homes``) with online
 admission (what ``POST /route`` answers) and batch admission (``POST /route_batch``); the baselines are
 least-loaded (each request to the instance that frees a slot first, ``moeplace.simulate.instances.least_loaded``)
-and round-robin. Reported per workload, I and running: each router's total MoE time over all instances (equal
-work: every router decodes the same rows) and mean MoE time per decode step, as ratios to least-loaded with a
-paired bootstrap interval over split seeds (one unit per seed: its total), the busiest instance's MoE time, and
-distinct active experts per step and layer. Writes bench/results/decode_instances.json.
+and round-robin. ``hindsight`` is a bound, not a router: the held-out requests clustered by their own decode routing
+(``moeplace.evaluate.windows.hindsight_groups``, which no router knows on arrival), so how far routing by
+signature could go on this data and shape. Reported per workload, I and running: each router's total MoE time over
+all instances (equal work: every router decodes the same rows) and mean MoE time per decode step, as ratios to
+least-loaded with a paired bootstrap interval over split seeds (one unit per seed: its total), the busiest
+instance's MoE time, and distinct active experts per step and layer. Writes bench/results/decode_instances.json.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from common import BenchRun, paired_ci, seed_spread
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "src" / "moeplace" / "data"
-ROUTERS = ("online", "batch", "least-loaded", "round-robin")
+ROUTERS = ("online", "batch", "least-loaded", "round-robin", "hindsight")
 
 
 def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], seeds: list[int]) -> dict:
-    from moeplace.evaluate.windows import held_out_homes, scoring_trace, split_windows
+    from moeplace.evaluate.windows import held_out_homes, hindsight_groups, scoring_trace, split_windows
     from moeplace.placement import Cluster
     from moeplace.plan import make_plan
     from moeplace.simulate.instances import decode_lengths, least_loaded, simulate_instances
@@ -52,10 +54,12 @@ def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], 
             sc = scoring_trace(win.held, win.held_signal)
             rid = win.held.requests.request_id
             routed = {adm: held_out_homes(plan, win.held, win.held_signal, adm) for adm in ("online", "batch")}
+            hindsight = hindsight_groups(sc, n_inst)
             for B in runnings:
                 assign = {adm: np.array([routed[adm][int(r)] for r in rid]) for adm in routed}
                 assign["least-loaded"] = least_loaded(decode_lengths(sc), n_inst, B)
                 assign["round-robin"] = np.arange(len(rid)) % n_inst
+                assign["hindsight"] = hindsight
                 for name, a in assign.items():
                     runs[B][name].append(simulate_instances(sc, a, n_inst, 1, B, cost))
         for B in runnings:
@@ -79,7 +83,8 @@ def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], 
                   f"{o['total_vs_least_loaded']['ratio']:.4f} {o['total_vs_least_loaded']['ci95']}, per step "
                   f"{o['per_step_vs_least_loaded']['ratio']:.4f}; batch "
                   f"{row['batch']['total_vs_least_loaded']['ratio']:.4f}; round-robin "
-                  f"{row['round-robin']['total_vs_least_loaded']['ratio']:.4f}; active "
+                  f"{row['round-robin']['total_vs_least_loaded']['ratio']:.4f}; hindsight bound "
+                  f"{row['hindsight']['total_vs_least_loaded']['ratio']:.4f}; active "
                   f"{o['active_experts_per_layer']['median']:.1f} vs "
                   f"{row['least-loaded']['active_experts_per_layer']['median']:.1f}", flush=True)
     return out
@@ -113,6 +118,8 @@ def main() -> int:
     run.write({"params": {"instances": inst, "gpus_per_instance": 1, "running": runnings, "holdout": 0.25,
                           "split": "random", "split_seeds": seeds, "arrival": "mixed (seeded by the split)",
                           "grouper": "activation-clusters planned for I x 1, redundant 0, seed 0",
+                          "hindsight": "bound, not deployable: held-out requests clustered by their own decode "
+                                       "routing (moeplace.evaluate.windows.hindsight_groups, 4 restarts)",
                           "interval": "paired bootstrap over split seeds (one unit per seed), 95%"},
                "excluded": "attention, the all-reduce inside an instance, KV transfer, queueing for a free slot",
                "results": results}, args.json)

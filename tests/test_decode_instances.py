@@ -116,3 +116,37 @@ def test_bad_assignment_is_refused():
         simulate_instances(tr, np.array([0, 3]), 2, 1, 4)
     with pytest.raises(ValueError, match=">= 1"):
         least_loaded(np.array([1]), 0, 1)
+
+
+def planted_trace(groups: list[int], seed: int = 1) -> Trace:
+    """Decode-only requests; request i's rows select only experts of block groups[i] (E / 4 experts per block)."""
+    rng = np.random.default_rng(seed)
+    meta = TraceMeta(model="hand-made", num_layers=L, num_experts=E, top_k=K, hidden_size=64, synthetic=True,
+                     source="tests")
+    rid = np.arange(len(groups)) * 7 + 2
+    req = Requests(rid, np.array(["general"] * len(rid), object), np.array([""] * len(rid), object),
+                   np.full(len(rid), 4, np.int32), np.full(len(rid), 5, np.int32))
+    blk = E // 4
+    ids = np.stack([np.stack([g * blk + rng.choice(blk, K, replace=False) for _ in range(L)])
+                    for g in groups for _ in range(5)]).astype(np.int16)
+    tok = TokenChunk(np.repeat(rid, 5).astype(np.int64), np.tile(np.arange(4, 9), len(rid)).astype(np.int32),
+                     np.full(len(ids), DECODE, np.int8), ids)
+    return Trace(meta, req, tok, None)
+
+
+def test_hindsight_groups_recover_planted_groups_within_the_cap():
+    from moeplace.evaluate.windows import hindsight_groups
+
+    planted = np.random.default_rng(3).permutation(np.repeat(np.arange(4), 6)).tolist()  # 4 groups of 6
+    got = hindsight_groups(planted_trace(planted), 4)
+    # the same partition up to the groups' names: requests share a group exactly when they share a planted block
+    same_got = got[:, None] == got[None, :]
+    same_planted = np.array(planted)[:, None] == np.array(planted)[None, :]
+    assert (same_got == same_planted).all()
+    assert np.bincount(got, minlength=4).max() <= 6
+    # more groups than blocks: still at most ceil(24 / 5) = 5 requests each, and deterministic
+    five = hindsight_groups(planted_trace(planted), 5)
+    assert np.bincount(five, minlength=5).max() <= 5
+    assert (five == hindsight_groups(planted_trace(planted), 5)).all()
+    with pytest.raises(ValueError, match="cannot fill"):
+        hindsight_groups(planted_trace(planted[:3]), 4)

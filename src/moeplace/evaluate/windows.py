@@ -113,3 +113,41 @@ def held_out_homes(plan: Plan, held: Trace, signal: np.ndarray, admission: str =
     if plan_grouper(plan) is None:
         return {}
     return trace_homes(Router.from_plan(plan), held, signal, admission)
+
+
+def hindsight_groups(scored: Trace, num_groups: int, restarts: int = 4) -> np.ndarray:
+    """int64 [Rq]: a group (decode instance) per request of ``scored``'s request table, chosen with hindsight.
+
+    Not deployable: a bound on what routing by a request's signature could reach. Each request is described by
+    its own decode routing (expert counts over all its decode rows, [L * E], L2-normalised), which no router knows
+    when the request arrives. Spherical K-means into ``num_groups`` clusters from ``restarts`` seeds
+    (:func:`moeplace.plan.grouping.kmeans`); each seed's centroids then take at most ceil(Rq / num_groups) requests
+    (:func:`moeplace.placement.grouper.balanced_assign`, the same per-group cap as the grouper's rounds over the
+    whole window), and the seed whose requests sit closest to their centroids (sum of cosines) is kept.
+    Deterministic. ``scored``: decode rows only, as :func:`scoring_trace` gives."""
+    from moeplace.placement.grouper import balanced_assign, normalise_rows
+    from moeplace.plan.base import request_expert_counts
+    from moeplace.plan.grouping import kmeans
+
+    rid = scored.requests.request_id
+    R = len(rid)
+    if num_groups < 1 or restarts < 1:
+        raise ValueError(f"hindsight_groups: num_groups and restarts must be >= 1, got {num_groups}, {restarts}")
+    if R < num_groups:
+        raise ValueError(f"hindsight_groups: {R} requests cannot fill {num_groups} groups")
+    tk = scored.tokens
+    dec = tk.phase == DECODE
+    order = np.argsort(rid)
+    idx = order[np.searchsorted(rid, tk.request_id[dec], sorter=order)]
+    x = normalise_rows(request_expert_counts(idx, tk.expert_ids[dec], R, scored.meta.num_experts))
+    cap = np.full(num_groups, -(-R // num_groups), np.int64)
+    best: tuple[float, np.ndarray] | None = None
+    for seed in range(restarts):
+        cent, _ = kmeans(x, num_groups, seed=seed)
+        score = x @ cent.T
+        group = balanced_assign(score, cap)
+        cohesion = float(score[np.arange(R), group].sum())
+        if best is None or cohesion > best[0]:
+            best = (cohesion, group)
+    assert best is not None
+    return best[1]
