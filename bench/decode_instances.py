@@ -77,7 +77,7 @@ def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], 
                     "active_experts_per_layer": seed_spread([float(x.active.mean()) for x in rs]),
                     "tokens_per_step": seed_spread([float(x.tokens.mean()) for x in rs]),
                 }
-            out["shapes"][f"{n_inst}x1/running{B}"] = row
+            out["shapes"][f"{n_inst}x1-running{B}"] = row  # no "/": a figure path splits on it
             o = row["online"]
             print(f"{tr.meta.model} {n_inst}x1 running {B}: online / least-loaded total "
                   f"{o['total_vs_least_loaded']['ratio']:.4f} {o['total_vs_least_loaded']['ci95']}, per step "
