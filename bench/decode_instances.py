@@ -12,7 +12,10 @@ gpt-oss-20b decode routing (../shared/data, E = 32, k = 4, its own sizes). For e
 splits (75% planning, 25% held out in a mixed arrival order), activation-clusters is planned for I x 1 (one
 grouper column per instance, no redundant slots; only its grouper is used) on the planning requests and the
 held-out requests are routed through the evaluation (``moeplace.evaluate.windows.held_out_homes``) with online
-admission (what ``POST /route`` answers) and batch admission (``POST /route_batch``); the baselines are
+admission (what ``POST /route`` answers) and batch admission (``POST /route_batch``), once with the published
+grouper (``cluster_by="signal"``: K-means on the planning requests' signatures; routers ``online``, ``batch``) and
+once with ``cluster_by="usage"`` (the planning requests clustered by their decode usage, each cluster's mean
+signature as its grouper row; routers ``usage-online``, ``usage-batch``); the baselines are
 least-loaded (each request to the instance that frees a slot first, ``moeplace.simulate.instances.least_loaded``)
 and round-robin. ``hindsight`` is a bound, not a router: the held-out requests clustered by their own decode routing
 (``moeplace.evaluate.windows.hindsight_groups``, which no router knows on arrival), so how far routing by
@@ -33,7 +36,7 @@ from common import BenchRun, paired_ci, seed_spread
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "src" / "moeplace" / "data"
-ROUTERS = ("online", "batch", "least-loaded", "round-robin", "hindsight")
+ROUTERS = ("online", "batch", "usage-online", "usage-batch", "least-loaded", "round-robin", "hindsight")
 
 
 def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], seeds: list[int]) -> dict:
@@ -50,10 +53,13 @@ def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], 
         runs: dict = {B: {r: [] for r in ROUTERS} for B in runnings}
         for s in seeds:
             win = split_windows(tr, 0.25, "random", s, arrival="mixed")
-            plan = make_plan("activation-clusters", win.plan_work, Cluster(n_inst, 1), 0, seed=0)
             sc = scoring_trace(win.held, win.held_signal)
             rid = win.held.requests.request_id
-            routed = {adm: held_out_homes(plan, win.held, win.held_signal, adm) for adm in ("online", "batch")}
+            routed = {}
+            for by, prefix in (("signal", ""), ("usage", "usage-")):
+                plan = make_plan("activation-clusters", win.plan_work, Cluster(n_inst, 1), 0, seed=0, cluster_by=by)
+                for adm in ("online", "batch"):
+                    routed[prefix + adm] = held_out_homes(plan, win.held, win.held_signal, adm)
             hindsight = hindsight_groups(sc, n_inst)
             for B in runnings:
                 assign = {adm: np.array([routed[adm][int(r)] for r in rid]) for adm in routed}
@@ -79,9 +85,11 @@ def bench_workload(path: Path, cost, instances: list[int], runnings: list[int], 
                 }
             out["shapes"][f"{n_inst}x1-running{B}"] = row  # no "/": a figure path splits on it
             o = row["online"]
+            u = row["usage-online"]
             print(f"{tr.meta.model} {n_inst}x1 running {B}: online / least-loaded total "
                   f"{o['total_vs_least_loaded']['ratio']:.4f} {o['total_vs_least_loaded']['ci95']}, per step "
-                  f"{o['per_step_vs_least_loaded']['ratio']:.4f}; batch "
+                  f"{o['per_step_vs_least_loaded']['ratio']:.4f}; usage-online "
+                  f"{u['total_vs_least_loaded']['ratio']:.4f} {u['total_vs_least_loaded']['ci95']}; batch "
                   f"{row['batch']['total_vs_least_loaded']['ratio']:.4f}; round-robin "
                   f"{row['round-robin']['total_vs_least_loaded']['ratio']:.4f}; hindsight bound "
                   f"{row['hindsight']['total_vs_least_loaded']['ratio']:.4f}; active "
@@ -117,7 +125,9 @@ def main() -> int:
     results = {name: bench_workload(p, c, inst, runnings, seeds) for name, p, c in workloads}
     run.write({"params": {"instances": inst, "gpus_per_instance": 1, "running": runnings, "holdout": 0.25,
                           "split": "random", "split_seeds": seeds, "arrival": "mixed (seeded by the split)",
-                          "grouper": "activation-clusters planned for I x 1, redundant 0, seed 0",
+                          "grouper": "activation-clusters planned for I x 1, redundant 0, seed 0: online and batch "
+                                     "with cluster_by=signal (published), usage-online and usage-batch with "
+                                     "cluster_by=usage",
                           "hindsight": "bound, not deployable: held-out requests clustered by their own decode "
                                        "routing (moeplace.evaluate.windows.hindsight_groups, 4 restarts)",
                           "interval": "paired bootstrap over split seeds (one unit per seed), 95%"},

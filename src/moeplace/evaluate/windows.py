@@ -120,14 +120,13 @@ def hindsight_groups(scored: Trace, num_groups: int, restarts: int = 4) -> np.nd
 
     Not deployable: a bound on what routing by a request's signature could reach. Each request is described by
     its own decode routing (expert counts over all its decode rows, [L * E], L2-normalised), which no router knows
-    when the request arrives. Spherical K-means into ``num_groups`` clusters from ``restarts`` seeds
-    (:func:`moeplace.plan.grouping.kmeans`); each seed's centroids then take at most ceil(Rq / num_groups) requests
-    (:func:`moeplace.placement.grouper.balanced_assign`, the same per-group cap as the grouper's rounds over the
-    whole window), and the seed whose requests sit closest to their centroids (sum of cosines) is kept.
-    Deterministic. ``scored``: decode rows only, as :func:`scoring_trace` gives."""
-    from moeplace.placement.grouper import balanced_assign, normalise_rows
+    when the request arrives, and clustered by :func:`moeplace.plan.grouping.capped_kmeans` (spherical K-means into
+    ``num_groups`` clusters from ``restarts`` seeds, at most ceil(Rq / num_groups) requests each: the same per-group
+    cap as the grouper's rounds over the whole window). Deterministic. ``scored``: decode rows only, as
+    :func:`scoring_trace` gives."""
+    from moeplace.placement.grouper import normalise_rows
     from moeplace.plan.base import request_expert_counts
-    from moeplace.plan.grouping import kmeans
+    from moeplace.plan.grouping import capped_kmeans
 
     rid = scored.requests.request_id
     R = len(rid)
@@ -140,14 +139,4 @@ def hindsight_groups(scored: Trace, num_groups: int, restarts: int = 4) -> np.nd
     order = np.argsort(rid)
     idx = order[np.searchsorted(rid, tk.request_id[dec], sorter=order)]
     x = normalise_rows(request_expert_counts(idx, tk.expert_ids[dec], R, scored.meta.num_experts))
-    cap = np.full(num_groups, -(-R // num_groups), np.int64)
-    best: tuple[float, np.ndarray] | None = None
-    for seed in range(restarts):
-        cent, _ = kmeans(x, num_groups, seed=seed)
-        score = x @ cent.T
-        group = balanced_assign(score, cap)
-        cohesion = float(score[np.arange(R), group].sum())
-        if best is None or cohesion > best[0]:
-            best = (cohesion, group)
-    assert best is not None
-    return best[1]
+    return capped_kmeans(x, num_groups, restarts)

@@ -9,6 +9,13 @@ Rq = requests, T = token rows, D = L * E.
 3. Per layer, each expert goes to the node whose requests use it most, under a per-node capacity of P / N slots
    (greedy over (expert, node) pairs by decreasing use). Leftover slots of a node (the redundant ones) take the
    node's most used experts it does not hold yet. Inside a node, slots are packed onto GPUs by estimated load.
+
+``cluster_by="usage"`` (not the published method) changes step 1 only: the planning requests are clustered by what
+they go on to use (their traffic rows: decode, or the rows after the signal prefix), capped at ceil(Rq / N) each
+(:func:`moeplace.plan.grouping.capped_kmeans`), and node n's grouper row is the mean signal feature of cluster n's
+requests, so a new request still routes by its signal alone (the same deployable :class:`Grouper`, kind
+``"usage-centroids"``). K-means on the signal finds the signal's own strongest structure, which need not be what
+decode will use; this fits the groups on the usage and only the routing on the signal.
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.placement import Cluster
-from moeplace.placement.grouper import DEFAULT_ROUND, Grouper, normalise_rows
+from moeplace.placement.grouper import DEFAULT_ROUND, Grouper, balanced_assign, normalise_rows
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
 from moeplace.plan.eplb import balanced_packing
-from moeplace.plan.grouping import kmeans
+from moeplace.plan.grouping import capped_kmeans, kmeans
 
 
 def node_counts(token_request: np.ndarray, expert_ids: np.ndarray, request_node: np.ndarray, num_nodes: int,
@@ -127,23 +134,78 @@ def pack_within_nodes(phy2log: np.ndarray, slot_load: np.ndarray, num_nodes: int
     return out.reshape(L, P)
 
 
+CLUSTER_BY = ("signal", "usage")
+
+
 def plan_activation_clusters(work: Workload, cluster: Cluster, num_redundant: int, seed: int = 0,
-                             round_size: int = DEFAULT_ROUND, max_fit_requests: int = 4096) -> StrategyResult:
-    """Registry adapter: K-means on the window's prefill activations, clusters -> nodes, affinity placement."""
+                             round_size: int = DEFAULT_ROUND, max_fit_requests: int = 4096,
+                             cluster_by: str = "signal") -> StrategyResult:
+    """Registry adapter: K-means on the window's prefill activations (or, ``cluster_by="usage"``, on what the
+    requests go on to use, routed by their mean signal), clusters -> nodes, affinity placement."""
+    if cluster_by not in CLUSTER_BY:
+        raise ValueError(f"activation-clusters: cluster_by must be one of {CLUSTER_BY}, got {cluster_by!r}")
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G = cluster.num_nodes, cluster.gpus_per_node
     feats = signal_features(work)
     rng = np.random.default_rng(seed)
-    fit = feats if len(feats) <= max_fit_requests else feats[rng.choice(len(feats), max_fit_requests, False)]
+    pick = None if len(feats) <= max_fit_requests else rng.choice(len(feats), max_fit_requests, False)
+    fit = feats if pick is None else feats[pick]
     if len(fit) < N:
         raise ValueError(f"activation-clusters: the planning window has {len(fit)} requests, fewer than {N} nodes")
-    cent, _ = kmeans(fit, N, seed=seed)
-    grouper = Grouper(cent, G, round_size, kind="centroids")
+    if cluster_by == "signal":
+        cent, _ = kmeans(fit, N, seed=seed)
+        grouper = Grouper(cent, G, round_size, kind="centroids")
+    else:
+        usage = normalise_rows(work.request_counts("traffic"))
+        rows, lam = usage_weights(fit, usage if pick is None else usage[pick], N, seed)
+        grouper = Grouper(rows, G, round_size, kind="usage-ridge")
     homes = grouper.assign(feats)
     tr, ids = work.traffic()
     use = node_counts(tr, ids, homes // G, N, work.num_experts)
     phy2log = place_by_node_affinity(use, P, G)
-    return StrategyResult(phy2log, homes, grouper, {"clusters": N, "seed": seed, "round_size": round_size})
+    extra = {"clusters": N, "seed": seed, "round_size": round_size, "cluster_by": cluster_by}
+    if cluster_by == "usage":
+        extra["ridge_penalty"] = lam
+    return StrategyResult(phy2log, homes, grouper, extra)
+
+
+RIDGE_GRID = (0.1, 1.0, 10.0, 100.0)  # ridge penalties usage_weights chooses from, by 2-fold cross-validation
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, lams: tuple[float, ...]) -> list[np.ndarray]:
+    """float64 [D, C] per penalty: argmin_W |x W - y|^2 + lam |W|^2, from one thin SVD of x [R, D] (y [R, C])."""
+    u, s, vt = np.linalg.svd(np.asarray(x, np.float64), full_matrices=False)
+    uy = u.T @ y
+    return [vt.T @ ((s / (s * s + lam))[:, None] * uy) for lam in lams]
+
+
+def usage_weights(signal: np.ndarray, usage: np.ndarray, num_groups: int, seed: int = 0) -> tuple[np.ndarray, float]:
+    """(float32 [N, D] grouper rows, the ridge penalty chosen): rows that route by signal towards groups of similar
+    usage.
+
+    signal: float [Rq, D] unit rows (what a request is routed by); usage: float [Rq, D'] unit rows (what it then
+    uses). The requests are clustered by usage (:func:`moeplace.plan.grouping.capped_kmeans`, 4 seeds from
+    ``seed``), and a ridge regression from the signal to the clusters' centred one-hot labels gives the rows
+    (a least-squares linear classifier: signal directions that vary without saying anything about usage get small
+    weights). Its penalty is the one of :data:`RIDGE_GRID` whose rows label the most requests right in 2-fold
+    cross-validation over the requests (alternate requests; ties go to the larger penalty), so nothing is tuned on
+    held-out data. Deterministic."""
+    groups = capped_kmeans(usage, num_groups, 4, seed)
+    x = np.asarray(signal, np.float64)
+    y = np.eye(num_groups)[groups] - 1.0 / num_groups
+    u = np.asarray(usage, np.float64)
+    fold = np.arange(len(x)) % 2
+    right = np.zeros(len(RIDGE_GRID))
+    for f in (0, 1):
+        tr, te = fold != f, fold == f
+        cent = normalise_rows(np.stack([u[tr][groups[tr] == n].sum(axis=0) for n in range(num_groups)]))
+        cap = np.full(num_groups, -(-int(te.sum()) // num_groups), np.int64)
+        for i, w in enumerate(_ridge(x[tr], y[tr], RIDGE_GRID)):
+            g = balanced_assign(x[te] @ w, cap)
+            right[i] += float(np.sum(u[te] * cent[g]))
+    best = max(range(len(RIDGE_GRID)), key=lambda i: (right[i], i))
+    lam = RIDGE_GRID[best]
+    return _ridge(x, y, (lam,))[0].T.astype(np.float32), lam
 
 
 def signal_features(work: Workload) -> np.ndarray:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from moeplace.placement.grouper import balanced_assign
+
 
 def kmeans(x: np.ndarray, k: int, iters: int = 25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Spherical K-means (cosine similarity) with k-means++ seeding.
@@ -46,3 +48,29 @@ def kmeans(x: np.ndarray, k: int, iters: int = 25, seed: int = 0) -> tuple[np.nd
             v = x[m].sum(axis=0) if m.any() else x[rng.integers(n)]
             C[c] = v / max(float(np.linalg.norm(v)), 1e-12)
     return C.astype(np.float32), labels
+
+
+def capped_kmeans(x: np.ndarray, k: int, restarts: int = 4, seed: int = 0) -> np.ndarray:
+    """int64 [Rq]: a cluster in [0, k) per row of ``x`` (float [Rq, D] unit rows), at most ceil(Rq / k) rows each.
+
+    Spherical K-means (:func:`kmeans`) from seeds ``seed .. seed + restarts - 1``; each seed's centroids take the rows
+    under the cap (:func:`moeplace.placement.grouper.balanced_assign`, the per-group cap of the grouper's rounds over
+    a whole window), and the seed whose rows sit closest to their centroids (sum of cosines) is kept. Deterministic.
+    """
+    x = np.asarray(x, np.float32)
+    R = len(x)
+    if k < 1 or restarts < 1:
+        raise ValueError(f"capped_kmeans: k and restarts must be >= 1, got {k}, {restarts}")
+    if R < k:
+        raise ValueError(f"capped_kmeans: {R} rows cannot fill {k} clusters")
+    cap = np.full(k, -(-R // k), np.int64)
+    best: tuple[float, np.ndarray] | None = None
+    for s in range(seed, seed + restarts):
+        cent, _ = kmeans(x, k, seed=s)
+        score = x @ cent.T
+        group = balanced_assign(score, cap)
+        cohesion = float(score[np.arange(R), group].sum())
+        if best is None or cohesion > best[0]:
+            best = (cohesion, group)
+    assert best is not None
+    return best[1]

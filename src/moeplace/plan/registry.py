@@ -89,7 +89,10 @@ _ALL = (
                     hi=1 << 16),)),
     Strategy("activation-clusters", f"{_P}.activation_clusters:plan_activation_clusters", True, True,
              "published method: K-means request clusters -> nodes, experts to the node using them most",
-             (SEED, ROUND, FIT)),
+             (SEED, ROUND, FIT,
+              Param("cluster_by", str, "signal", "signal: K-means on the requests' prefill signatures (published); "
+                    "usage: cluster what the planning requests go on to use (decode), route new ones by each "
+                    "cluster's mean signature", choices=("signal", "usage")))),
     Strategy("coactivation", f"{_P}.graph:plan_coactivation", True, False, "METIS on the expert co-activation graph",
              (SEED,)),
     Strategy("hypergraph", f"{_P}.graph:plan_hypergraph", True, False,
