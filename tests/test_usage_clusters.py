@@ -9,6 +9,8 @@ decode groups, an independent definition of the right answer.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from moeplace.placement import Cluster
 from moeplace.plan import make_plan
 from moeplace.plan.base import request_expert_counts, workload_from_tokens
 from moeplace.plan.grouping import capped_kmeans
+from moeplace.plan.route import Router
 
 E, PROMPT, DECODE_ROWS = 16, 16, 24
 
@@ -52,6 +55,11 @@ def test_usage_clusters_route_new_requests_by_their_decode_group_where_signal_cl
         plan = make_plan("activation-clusters", work, Cluster(2, 1), 0, seed=0, cluster_by=by)
         got[by] = agreement(plan.grouper.assign(counts), truth)
     assert plan.grouper.kind == "usage-ridge"
+    # what an engine deploys: the plan's export, read back by the route service, gives the same homes
+    stored = make_plan("activation-clusters", work, Cluster(2, 1), 0, seed=0, cluster_by="usage")
+    router = Router.from_export(json.loads(json.dumps(Router.from_plan(stored).to_export())))
+    assert router.grouper.kind == "usage-ridge"
+    assert np.array_equal(router.route_batch(counts), stored.grouper.assign(counts))
     assert got["usage"] >= 0.95, got
     assert got["signal"] <= 0.75, got  # the published method splits by topic, which decode does not follow
 
