@@ -88,3 +88,20 @@ def test_capped_kmeans_respects_the_cap_and_finds_planted_clusters() -> None:
     for t in (1, 2):
         assert np.mean(g[truth == t] == major[t]) >= 0.9
     assert np.array_equal(capped_kmeans(x, 3), g)
+
+
+def test_joint_times_usage_grouped_candidates_where_decode_is_weighed_and_deploys_one_when_it_pays() -> None:
+    """On the planted workload decode follows the hidden group, not the topic: joint's usage-grouped candidates
+    keep each group's decode on its own node, and the evidence sees it; a prefill-only plan does not time them
+    (a prefill's traffic is its prompt)."""
+    work = workload_from_tokens(*planted(512, seed=4)[:3], E)
+    plan = make_plan("joint", work, Cluster(2, 2), 4, hidden_size=7168, phases="decode")
+    d = plan.extra["decision"]
+    assert any(c.startswith("usage-") for c in d["candidates"])
+    assert d["deployed"] == "candidate" and d["chosen"].startswith("usage-"), (d["chosen"], d["reason"])
+    assert plan.grouper is not None and plan.grouper.kind == "usage-ridge"
+    rid, phase, ids, truth = planted(200, seed=5)
+    counts = request_expert_counts(rid[phase == 0], ids[phase == 0], len(truth), E)
+    assert agreement(plan.grouper.assign(counts) // 2, truth) >= 0.95  # node = rank // gpus_per_node
+    pre = make_plan("joint", work, Cluster(2, 2), 4, hidden_size=7168, phases="prefill")
+    assert not any(c.startswith("usage-") for c in pre.extra["decision"]["candidates"])

@@ -60,12 +60,16 @@ def feature_layers(num_layers: int, num_experts: int, max_dim: int = MAX_FEATURE
     return sorted({int(x) for x in np.linspace(0, num_layers - 1, n).round()})
 
 
-def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | None = None) -> np.ndarray:
+def signal_features(work: Workload, requests: np.ndarray, layers: list[int] | None = None,
+                    rows: str = "admission") -> np.ndarray:
     """float32 [n, D]: L2-normalised prefill activation vectors of the given requests (indices into the window),
-    over ``layers`` (None: all)."""
+    over ``layers`` (None: all). ``rows="traffic"``: their activation over the rows after admission (decode)
+    instead, what they go on to use (zero for a request without such rows)."""
+    if rows not in ("admission", "traffic"):
+        raise ValueError(f"rows: expected 'admission' or 'traffic', got {rows!r}")
     pos = np.full(work.num_requests, -1, np.int64)
     pos[requests] = np.arange(len(requests))
-    m = work.admission_rows & (pos[work.token_request] >= 0)
+    m = (work.admission_rows if rows == "admission" else ~work.admission_rows) & (pos[work.token_request] >= 0)
     ids = work.expert_ids[m] if layers is None else work.expert_ids[m][:, layers, :]
     counts = request_expert_counts(pos[work.token_request[m]], ids, len(requests), work.num_experts)
     return normalise_rows(counts)

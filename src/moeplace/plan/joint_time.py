@@ -9,13 +9,17 @@ Objective: the simulator's kernel time model (:func:`moeplace.simulate.simulator
 expert compute + combine per micro-batch and layer, the max over GPUs inside each micro-batch, on micro-batches of
 the deployment's size where the data allows (:func:`moeplace.plan.decide.evidence_microbatches`).
 
-1. Homes: round-robin (what engines do) and the grouper's homes (K-means of the requests' admission activations,
-   one cluster per node, admitted in balanced rounds; :mod:`moeplace.plan.grouping`).
+1. Homes: round-robin (what engines do) and two groupers' homes, each admitted in balanced rounds
+   (:mod:`moeplace.plan.grouping`): ``signal``, K-means of the requests' admission activations, one cluster per
+   node; and, where decode is weighed, ``usage``, the requests clustered by what they go on to use (their decode
+   activations) and routed by a ridge regression from their admission activations
+   (:func:`moeplace.plan.activation_clusters.usage_weights`). Both route a new request by its admission
+   activations alone.
 2. Candidates: the baselines (EPLB's global policy and, when the model's expert groups divide among the nodes, its
    hierarchical policy, with round-robin homes, each under the dispatch rules engines offer:
-   :data:`moeplace.simulate.config.BASELINE_RULES`) and the grouped placements (node affinity as
-   activation-clusters builds it, joint's node-affinity placement, and node affinity with EPLB's replica counts),
-   each under :data:`CANDIDATE_RULES`.
+   :data:`moeplace.simulate.config.BASELINE_RULES`) and, per grouper, the grouped placements (node affinity as
+   activation-clusters builds it, joint's node-affinity placement, and node affinity with EPLB's replica counts;
+   named ``usage-...`` for the usage grouper), each under :data:`CANDIDATE_RULES`.
 3. Evidence by cross-validation: the planning requests are split into two folds (seeded); every candidate is built
    on one fold and timed on the other, both ways, prefill and decode apart. :func:`moeplace.plan.decide.decide`
    deploys a grouped candidate only when the paired 95% interval of its time ratio to the best baseline lies below
@@ -35,7 +39,7 @@ import numpy as np
 
 from moeplace.placement import Cluster, CostModel, Fallback
 from moeplace.placement.grouper import DEFAULT_ROUND, Grouper
-from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
+from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load, usage_weights
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
 from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
@@ -45,6 +49,7 @@ from moeplace.simulate.routing import DEFAULT_RULE
 from moeplace.simulate.simulator import simulate_rows
 
 DEFAULT_HIDDEN = 4096  # elements per token vector when the window does not say (a trace's metadata usually does)
+GROUPINGS = ("signal", "usage")  # how grouped candidates group requests (see grouping() in plan_joint_time)
 MAX_EVAL_REQUESTS = 2048  # requests the candidates are scored on (the grouper still homes every request)
 
 
@@ -205,26 +210,39 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     folds = [np.sort(ev[perm[f::F]]) for f in range(F)]
     flayers = feature_layers(L, E)
     weigh = PHASE_CHOICES[1:] if phases == "both" else (phases,)
+    # a prefill's traffic is its prompt, the signal itself: grouping by later use only pays where decode is weighed
+    groupings = GROUPINGS if "decode" in weigh else ("signal",)
 
-    def grouping(train: np.ndarray) -> tuple[Grouper, np.ndarray]:
-        """A grouper fitted on ``train`` (K-means of admission activations, one cluster per node) and the homes
-        it gives every request of the window (each request admitted in balanced rounds)."""
-        cent, _ = kmeans(signal_features(work, train, flayers), N, seed=seed)
-        g = Grouper(cent, G, round_size, kind="centroids", layers=flayers)
+    def grouping(train: np.ndarray, by: str) -> tuple[Grouper, np.ndarray]:
+        """A grouper fitted on ``train`` and the homes it gives every request of the window (each request admitted
+        in balanced rounds). ``by="signal"``: K-means of admission activations, one cluster per node; ``"usage"``:
+        the requests clustered by their traffic (decode) activations, routed by a ridge regression from their
+        admission activations (:func:`moeplace.plan.activation_clusters.usage_weights`)."""
+        x = signal_features(work, train, flayers)
+        if by == "signal":
+            g = Grouper(kmeans(x, N, seed=seed)[0], G, round_size, kind="centroids", layers=flayers)
+        else:
+            w, _ = usage_weights(x, signal_features(work, train, flayers, rows="traffic"), N, seed)
+            g = Grouper(w, G, round_size, kind="usage-ridge", layers=flayers)
         return g, assign_all(g, work)  # features in chunks: bounded memory on 100k-request windows
 
-    def build(train: np.ndarray) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Grouper]:
-        """Candidate placements built on ``train``: name -> (phy2log [L, P], homes [Rq]), and the grouper."""
+    def build(train: np.ndarray) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Grouper]]:
+        """Candidate placements built on ``train``: name -> (phy2log [L, P], homes [Rq]), and the groupers by
+        grouping (a candidate named ``usage-...`` uses the ``usage`` one)."""
         sel = np.isin(work.token_request, train)
         tr, ids = work.token_request[sel], work.expert_ids[sel]
         load = load_from_tokens(ids[~work.admission_rows[sel]], E)
         out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants}
-        grouper, homes = grouping(train)
-        use_n = node_use(tr, ids, homes, N, G, E)
-        out["node-affinity"] = (place_by_node_affinity(node_counts(tr, ids, homes // G, N, E), P, G), homes)
-        out["affinity"] = (initial_placement(use_n, P, G), homes)
-        out["affinity+eplb-replicas"] = (affinity_with_counts(use_n, replica_counts(out["eplb"][0], E), P, G), homes)
-        return out, grouper
+        groupers = {}
+        for by in groupings:
+            groupers[by], homes = grouping(train, by)
+            pre = "" if by == "signal" else by + "-"
+            use_n = node_use(tr, ids, homes, N, G, E)
+            out[pre + "node-affinity"] = (place_by_node_affinity(node_counts(tr, ids, homes // G, N, E), P, G), homes)
+            out[pre + "affinity"] = (initial_placement(use_n, P, G), homes)
+            out[pre + "affinity+eplb-replicas"] = (affinity_with_counts(use_n, replica_counts(out["eplb"][0], E), P,
+                                                                        G), homes)
+        return out, groupers
 
     # evidence: build on one fold, time on the other, both ways
     times: dict[str, dict[str, list[np.ndarray]]] = {ph: {} for ph in weigh}
@@ -252,10 +270,13 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         # round-robin in arrival order, or the grouper's balanced rounds in arrival order
         test_rr = np.empty(len(test), np.int64)
         test_rr[arrival] = np.arange(len(test)) % W
-        test_grouped = np.empty(len(test), np.int64)
-        test_grouped[arrival] = g_f.assign_features(signal_features(work, test[arrival], flayers))
+        test_feats = signal_features(work, test[arrival], flayers)
+        test_grouped = {}
+        for by, g in g_f.items():
+            test_grouped[by] = np.empty(len(test), np.int64)
+            test_grouped[by][arrival] = g.assign_features(test_feats)
         for name, (p2l, homes) in cands.items():
-            h = (test_rr if homes is rr else test_grouped)[tr]
+            h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
             for r in (base_rules if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
@@ -289,6 +310,11 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         why = f"{decision['reason']}: EPLB's placement from the whole planning window, round-robin homes"
         return StrategyResult(rebalance(work.load, P, groups, N, W), rr, None, extra, fallback=Fallback(name, why),
                               cost_model=cost_model(chosen_rule))
-    built, grouper = first  # the very plan the first fold's evidence is about (see the module docstring)
+    built, groupers = first  # the very plan the first fold's evidence is about (see the module docstring)
     p2l, homes = built[name]
-    return StrategyResult(p2l, homes, grouper, extra, cost_model=cost_model(chosen_rule))
+    return StrategyResult(p2l, homes, groupers[grouping_of(name)], extra, cost_model=cost_model(chosen_rule))
+
+
+def grouping_of(candidate: str) -> str:
+    """The grouping (:data:`GROUPINGS`) a grouped candidate's homes come from: ``usage-...`` or the signal's."""
+    return "usage" if candidate.startswith("usage-") else "signal"
