@@ -25,6 +25,29 @@ def in_range(ids, num_experts):  # pragma: no cover - compiled
     return True
 
 
+
+@njit(cache=True, nogil=True)
+def add_request_counts(token_request, expert_ids, out):  # pragma: no cover - compiled
+    """Add every selection into ``out`` [Rq, L, E]: ``out[token_request[t], l, expert_ids[t, l, k]] += 1``.
+
+    token_request: int [T]; expert_ids: int [T, L, K]. Returns -1, or the first row whose request or expert id is
+    out of range (nothing after it is added). A float32 counter is exact up to 2^24 selections.
+    """
+    T, L, K = expert_ids.shape
+    R, E = out.shape[0], out.shape[2]
+    for t in range(T):
+        r = token_request[t]
+        if r < 0 or r >= R:
+            return t
+        for layer in range(L):
+            for k in range(K):
+                e = expert_ids[t, layer, k]
+                if e < 0 or e >= E:
+                    return t
+                out[r, layer, e] += 1
+    return -1
+
+
 @njit(cache=True, nogil=True)
 def add_pairs(ids, num_experts, out, step):  # pragma: no cover - compiled
     """Add expert pairs into ``out`` [L - step, E * E]: ``out[l, ids[l, a, t] * E + ids[l + step, b, t]] += 1``,

@@ -121,13 +121,19 @@ def request_expert_counts(token_request: np.ndarray, expert_ids: np.ndarray, num
 
     token_request: int [T] request index per row; expert_ids: int [T, L, K].
     """
+    from moeplace.analyse.loops import add_request_counts
+
     T, L, K = expert_ids.shape
     out = np.zeros((num_requests, L, num_experts), np.float32)
     if T == 0:
         return out
-    flat = (token_request.astype(np.int64)[:, None, None] * L + np.arange(L)[None, :, None]) * num_experts
-    flat = (flat + expert_ids.astype(np.int64)).ravel()
-    out.ravel()[:] = np.bincount(flat, minlength=out.size).astype(np.float32)
+    tr = np.asarray(token_request)
+    if tr.shape != (T,):
+        raise ValueError(f"token_request: expected shape [{T}], got {tr.shape}")
+    bad = add_request_counts(tr, np.asarray(expert_ids), out)  # a compiled scatter: no [T, L, K] int64 temporaries
+    if bad >= 0:
+        raise ValueError(f"row {bad}: request index or expert id out of range ({num_requests} requests, "
+                         f"{num_experts} experts)")
     return out
 
 

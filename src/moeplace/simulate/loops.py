@@ -312,7 +312,7 @@ def distinct_kernel(cand_slot, cand_gpu, rep_gpu, rep_slot, rep_n):
 
 
 @njit(cache=True, nogil=True)
-def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2):
+def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2, gs, gj, gm):
     """Successive shortest paths: move pairs between replicas until no GPU holds more than ``cap`` pairs, at the
     least added locality cost. x [J, M] pairs of group j on its m-th replica GPU, ld [W] loads (both updated).
     Returns the added cost, or -1 when no move can bring every GPU under ``cap`` (x and ld are then partly moved:
@@ -330,6 +330,8 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
     W = ld.shape[0]
     big = np.int64(1) << 62
     added = np.int64(0)
+    fresh = np.zeros(W, np.bool_)
+    dirty = np.ones(W, np.bool_)
     while True:
         a = -1
         for g in range(W):
@@ -338,20 +340,25 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
                 break
         if a < 0:
             return added
-        # the residual graph on GPUs: edge u -> v is the cheapest move of one pair of any group from u to v
+        # the residual graph on GPUs: edge u -> v is the cheapest move of one pair of any group from u to v (first
+        # in group then replica order). Row u depends only on which groups have pairs on u, so after a move only
+        # the rows of the GPUs on its path are rebuilt, each from the (group, replica) entries on that GPU (gs, gj,
+        # gm: CSR, groups in order), which gives the same graph as a full rebuild.
         for u in range(W):
+            if not dirty[u]:
+                continue
+            dirty[u] = False
             for v in range(W):
                 wc[u, v] = big
-        for j in range(J):
-            h = gh[j]
-            e = ge[j]
-            nr = rep_n[layer, e]
-            for m in range(nr):
+            for i in range(gs[u], gs[u + 1]):
+                j = gj[i]
+                m = gm[i]
                 if x[j, m] == 0:
                     continue
-                u = rep_gpu[layer, e, m]
+                h = gh[j]
+                e = ge[j]
                 cu = cc[h, u]
-                for m2 in range(nr):
+                for m2 in range(rep_n[layer, e]):
                     if m2 == m:
                         continue
                     v = rep_gpu[layer, e, m2]
@@ -364,13 +371,18 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
         for g in range(W):
             dist[g] = big
             pj[g] = -1
+            fresh[g] = False
         dist[a] = 0
+        fresh[a] = True
         for _ in range(W):  # Bellman-Ford from a (no negative cycles: see the docstring)
             changed = False
             for u in range(W):
-                du = dist[u]
-                if du == big:
+                # a GPU whose distance has not dropped since its edges were last relaxed cannot improve any
+                # other (each of its targets is already at most du + c), so skipping it changes no result
+                if not fresh[u]:
                     continue
+                fresh[u] = False
+                du = dist[u]
                 for v in range(W):
                     c = wc[u, v]
                     if c == big:
@@ -380,6 +392,7 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
                         pj[v] = wj[u, v]
                         pm[v] = wm[u, v]
                         pm2[v] = wm2[u, v]
+                        fresh[v] = True
                         changed = True
             if not changed:
                 break
@@ -404,10 +417,116 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
             j = pj[v]
             x[j, pm[v]] -= d
             x[j, pm2[v]] += d
+            dirty[v] = True
             v = rep_gpu[layer, ge[j], pm[v]]
+            dirty[v] = True
         added += d * dist[b]
         ld[a] -= d
         ld[b] += d
+
+
+
+@njit(cache=True, nogil=True)
+def min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf, ldf, cnt, prev, pg, p1, p2, queue):
+    """The lowest cap in [lo, hi] at which the pairs of groups 0..J-1 can be spread over their replica GPUs so
+    that no GPU holds more than the cap (``hi`` must be feasible: the state x [J, M], ld [W] meets it).
+
+    Feasibility only (max flow, no costs): from a copy of the state (xf, ldf), the cap is lowered one pair at a
+    time and every GPU above it sends pairs along a breadth-first path of single-pair moves (u -> v: some group
+    with pairs on u has a replica on v; cnt [W, W] counts those groups) to a GPU below it. No path means the GPUs
+    reachable from the one above the cap hold more than cap x their number with nowhere else to go, so the cap is
+    infeasible from any state. gs [W + 1], gj, gm: the (group, replica) entries on each GPU (CSR). prev, pg, p1,
+    p2, queue: int64 [W] scratch; xf [J, M], ldf [W], cnt [W, W]: scratch. Leaves x and ld untouched.
+    """
+    W = ld.shape[0]
+    M = x.shape[1]
+    for g in range(W):
+        ldf[g] = ld[g]
+        for v in range(W):
+            cnt[g, v] = 0
+    for j in range(J):
+        e = ge[j]
+        nr = rep_n[layer, e]
+        for m in range(M):
+            xf[j, m] = x[j, m]
+        for m in range(nr):
+            if xf[j, m] > 0:
+                u = rep_gpu[layer, e, m]
+                for m2 in range(nr):
+                    if m2 != m:
+                        cnt[u, rep_gpu[layer, e, m2]] += 1
+    c = hi
+    while c > lo:
+        t = c - 1
+        while True:
+            a = -1
+            for g in range(W):
+                if ldf[g] > t:
+                    a = g
+                    break
+            if a < 0:
+                break
+            for g in range(W):
+                prev[g] = -2
+            prev[a] = -1
+            head = 0
+            tail = 1
+            queue[0] = a
+            b = -1
+            while head < tail and b < 0:
+                u = queue[head]
+                head += 1
+                for v in range(W):
+                    if prev[v] == -2 and cnt[u, v] > 0:
+                        prev[v] = u
+                        if ldf[v] < t:
+                            b = v
+                            break
+                        queue[tail] = v
+                        tail += 1
+            if b < 0:
+                return c
+            d = min(ldf[a] - t, t - ldf[b])
+            v = b
+            while v != a:  # one group per link of the path: the first on u with pairs there and a replica on v
+                u = prev[v]
+                p1[v] = -1
+                for i in range(gs[u], gs[u + 1]):
+                    j = gj[i]
+                    m = gm[i]
+                    if xf[j, m] > 0:
+                        e = ge[j]
+                        for m2 in range(rep_n[layer, e]):
+                            if rep_gpu[layer, e, m2] == v:
+                                pg[v] = j
+                                p1[v] = m
+                                p2[v] = m2
+                                break
+                        if p1[v] >= 0:
+                            break
+                d = min(d, xf[pg[v], p1[v]])
+                v = u
+            v = b
+            while v != a:
+                u = prev[v]
+                j = pg[v]
+                e = ge[j]
+                nr = rep_n[layer, e]
+                xf[j, p1[v]] -= d
+                if xf[j, p1[v]] == 0:
+                    for k in range(nr):
+                        if k != p1[v]:
+                            cnt[u, rep_gpu[layer, e, k]] -= 1
+                if xf[j, p2[v]] == 0:
+                    for k in range(nr):
+                        if k != p2[v]:
+                            cnt[v, rep_gpu[layer, e, k]] += 1
+                xf[j, p2[v]] += d
+                v = u
+            ldf[a] -= d
+            ldf[b] += d
+        c = t
+    return c
 
 
 @njit(cache=True, nogil=True)
@@ -451,6 +570,17 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     wj = np.zeros((W, W), np.int64)
     wm = np.zeros((W, W), np.int64)
     wm2 = np.zeros((W, W), np.int64)
+    gs = np.zeros(W + 1, np.int64)
+    gj = np.zeros(nmax * M, np.int64)
+    gm = np.zeros(nmax * M, np.int64)
+    xf = np.zeros((nmax, M), np.int64)
+    ldf = np.zeros(W, np.int64)
+    cnt = np.zeros((W, W), np.int64)
+    prev = np.zeros(W, np.int64)
+    pg = np.zeros(W, np.int64)
+    p1 = np.zeros(W, np.int64)
+    p2 = np.zeros(W, np.int64)
+    queue = np.zeros(W, np.int64)
     ccmax = np.int64(0)
     for h in range(W):
         for g in range(W):
@@ -514,10 +644,34 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                 # that fails. The first probe tries k* = lb (the common case); then halves [lo, hi].
                 lo = max(fixed_max, (total + W - 1) // W)  # no cap below this is feasible: k* >= lo
                 hi = cap
+                feas = hi
+                if lo < hi:
+                    # the lowest feasible cap, by max flow: a probe below it fails and leaves x as it was, so it is
+                    # skipped (the same result without the min-cost work of a probe that cannot succeed)
+                    for g in range(W + 1):
+                        gs[g] = 0
+                    for j in range(J):
+                        for m in range(rep_n[layer, ge[j]]):
+                            gs[rep_gpu[layer, ge[j], m] + 1] += 1
+                    for g in range(W):
+                        gs[g + 1] += gs[g]
+                    for g in range(W):
+                        prev[g] = gs[g]
+                    for j in range(J):
+                        for m in range(rep_n[layer, ge[j]]):
+                            g = rep_gpu[layer, ge[j], m]
+                            gj[prev[g]] = j
+                            gm[prev[g]] = m
+                            prev[g] += 1
+                    feas = min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf, ldf, cnt,
+                                            prev, pg, p1, p2, queue)
                 first = True
                 while lo < hi:
                     mid = lo + 1 if first else (lo + hi + 1) // 2
                     first = False
+                    if mid - 1 < feas:
+                        lo = mid
+                        continue
                     for j in range(J):
                         for m in range(M):
                             xs[j, m] = x[j, m]
@@ -526,10 +680,10 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                     ok = True
                     if mid < hi:
                         ok = reduce_cap(mid, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2,
-                                        wc, wj, wm, wm2) >= 0
+                                        wc, wj, wm, wm2, gs, gj, gm) >= 0
                     if ok:
                         added = reduce_cap(mid - 1, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2,
-                                           wc, wj, wm, wm2)
+                                           wc, wj, wm, wm2, gs, gj, gm)
                         ok = 0 <= added <= u
                     if ok:
                         hi = mid - 1
