@@ -311,6 +311,15 @@ def distinct_kernel(cand_slot, cand_gpu, rep_gpu, rep_slot, rep_n):
             rep_n[layer, e] = n
 
 
+@njit(cache=True, nogil=True, inline="always")
+def first_above(load, cap):
+    """The lowest GPU whose load is above ``cap`` (load int [W]), or -1 when none is."""
+    for g in range(load.shape[0]):
+        if load[g] > cap:
+            return g
+    return -1
+
+
 @njit(cache=True, nogil=True)
 def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2, gs, gj, gm):
     """Successive shortest paths: move pairs between replicas until no GPU holds more than ``cap`` pairs, at the
@@ -333,11 +342,7 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
     fresh = np.zeros(W, np.bool_)
     dirty = np.ones(W, np.bool_)
     while True:
-        a = -1
-        for g in range(W):
-            if ld[g] > cap:
-                a = g
-                break
+        a = first_above(ld, cap)
         if a < 0:
             return added
         # the residual graph on GPUs: edge u -> v is the cheapest move of one pair of any group from u to v (first
@@ -427,6 +432,27 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
 
 
 @njit(cache=True, nogil=True)
+def entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, nxt):
+    """The (group, replica) entries of groups 0..J-1 by GPU, as CSR: GPU g's entries are gj[gs[g]:gs[g + 1]] (group)
+    and gm[...] (replica index), in group order. gs int64 [W + 1]; gj, gm int64 [>= J * M]; nxt int64 [W] scratch."""
+    W = nxt.shape[0]
+    for g in range(W + 1):
+        gs[g] = 0
+    for j in range(J):
+        for m in range(rep_n[layer, ge[j]]):
+            gs[rep_gpu[layer, ge[j], m] + 1] += 1
+    for g in range(W):
+        gs[g + 1] += gs[g]
+        nxt[g] = gs[g]
+    for j in range(J):
+        for m in range(rep_n[layer, ge[j]]):
+            g = rep_gpu[layer, ge[j], m]
+            gj[nxt[g]] = j
+            gm[nxt[g]] = m
+            nxt[g] += 1
+
+
+@njit(cache=True, nogil=True)
 def min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf, ldf, cnt, prev, pg, p1, p2, queue):
     """The lowest cap in [lo, hi] at which the pairs of groups 0..J-1 can be spread over their replica GPUs so
     that no GPU holds more than the cap (``hi`` must be feasible: the state x [J, M], ld [W] meets it).
@@ -459,11 +485,7 @@ def min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf
     while c > lo:
         t = c - 1
         while True:
-            a = -1
-            for g in range(W):
-                if ldf[g] > t:
-                    a = g
-                    break
+            a = first_above(ldf, t)
             if a < 0:
                 break
             for g in range(W):
@@ -648,21 +670,7 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                 if lo < hi:
                     # the lowest feasible cap, by max flow: a probe below it fails and leaves x as it was, so it is
                     # skipped (the same result without the min-cost work of a probe that cannot succeed)
-                    for g in range(W + 1):
-                        gs[g] = 0
-                    for j in range(J):
-                        for m in range(rep_n[layer, ge[j]]):
-                            gs[rep_gpu[layer, ge[j], m] + 1] += 1
-                    for g in range(W):
-                        gs[g + 1] += gs[g]
-                    for g in range(W):
-                        prev[g] = gs[g]
-                    for j in range(J):
-                        for m in range(rep_n[layer, ge[j]]):
-                            g = rep_gpu[layer, ge[j], m]
-                            gj[prev[g]] = j
-                            gm[prev[g]] = m
-                            prev[g] += 1
+                    entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, prev)
                     feas = min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf, ldf, cnt,
                                             prev, pg, p1, p2, queue)
                 first = True
