@@ -118,6 +118,9 @@ def main() -> int:
     trace = Path(args.trace).resolve()
     if not trace.is_dir():
         ap.error(f"--trace {args.trace}: no trace folder there")
+    if args.previous and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.previous}^{{commit}}"],
+                                        cwd=REPO, capture_output=True).returncode != 0:
+        ap.error(f"--previous {args.previous}: not a commit of this repository")
     run = BenchRun("plan_speed", baseline=f"the same commands at {args.previous}" if args.previous
                    else "none: absolute times at this checkout")
     work = Path(tempfile.mkdtemp(prefix="plan_speed_work_"))

@@ -1,4 +1,5 @@
-"""The scale benchmarks answer a wrong flag with exit 2 and one line naming it (argparse), never a traceback."""
+"""The scale and plan-speed benchmarks answer a wrong flag with exit 2 and one line naming it (argparse), never a
+traceback."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def test_reps_must_be_positive():
     p = subprocess.run([sys.executable, str(REPO / "bench" / "scale_memory.py"), "--reps", "0"], cwd=REPO / "bench",
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--reps" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [(["--previous", "no-such-revision"], "--previous"),
+                                            (["--trace", str(REPO / "README.md")], "--trace"),
+                                            (["--reps", "0"], "--reps")])
+def test_plan_speed_wrong_flag_is_exit_2(args, says):
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "plan_speed.py"), *args], cwd=REPO / "bench", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert says in p.stderr and "Traceback" not in p.stderr
