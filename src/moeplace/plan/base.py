@@ -72,12 +72,16 @@ class Workload:
     def num_requests(self) -> int:
         return 0 if self.request_ids is None else len(self.request_ids)
 
-    def traffic(self) -> tuple[np.ndarray, np.ndarray]:
-        """(token_request [Tt], expert_ids [Tt, L, K]) of the traffic rows (not admission rows), or all rows."""
-        self._need_tokens("traffic")
+    def traffic_rows(self) -> np.ndarray:
+        """bool [T]: the rows ``load`` counts and placements are built from: the traffic rows (not admission rows),
+        or every row when the window has none (a prefill-only window: its prompts are its traffic)."""
+        self._need_tokens("traffic_rows")
         m = ~self.admission_rows
-        if not m.any():
-            m = np.ones_like(m)
+        return m if m.any() else np.ones_like(m)
+
+    def traffic(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token_request [Tt], expert_ids [Tt, L, K]) of :meth:`traffic_rows`."""
+        m = self.traffic_rows()
         return self.token_request[m], self.expert_ids[m]
 
     def request_counts(self, rows: str = "admission") -> np.ndarray:

@@ -326,7 +326,7 @@ def simulated_load(work: Workload, phy2log: np.ndarray, homes: np.ndarray, clust
     in window order): the i-th traffic row of every request of a window of ``decode_batch`` requests.
     """
     tr = work.token_request
-    m = ~work.admission_rows if (~work.admission_rows).any() else np.ones(len(tr), bool)
+    m = work.traffic_rows().copy()
     if requests is not None:
         m &= np.isin(tr, requests)
     rows = tr[m]

@@ -137,7 +137,7 @@ def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray
     N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
     sel = np.isin(work.token_request, requests)
     tr, ids = work.token_request[sel], work.expert_ids[sel]
-    traffic = ~work.admission_rows[sel]
+    traffic = work.traffic_rows()[sel]  # a prefill-only window's prompts are its traffic
     eplb = rebalance(load_from_tokens(ids[traffic], E), num_slots, 1, N, W)
     use_n = node_use(tr, ids, homes, N, G, E)  # prefill and decode rows
     return {"eplb": eplb, "affinity": initial_placement(use_n, num_slots, G),
@@ -231,7 +231,8 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         grouping (a candidate named ``usage-...`` uses the ``usage`` one)."""
         sel = np.isin(work.token_request, train)
         tr, ids = work.token_request[sel], work.expert_ids[sel]
-        load = load_from_tokens(ids[~work.admission_rows[sel]], E)
+        load = load_from_tokens(ids[traffic[sel]], E)  # the rows work.load counts, so the baselines timed here
+        # are built as the deployed one is (a prefill-only window's prompts; never an empty load)
         out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants}
         groupers = {}
         for by in groupings:
@@ -245,6 +246,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         return out, groupers
 
     # evidence: build on one fold, time on the other, both ways
+    traffic = work.traffic_rows()
     times: dict[str, dict[str, list[np.ndarray]]] = {ph: {} for ph in weigh}
     sizes: dict[str, int] = {}
     full = {"prefill": int(prefill_tokens), "decode": int(decode_running or decode_batch)}
