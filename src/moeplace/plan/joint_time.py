@@ -127,21 +127,12 @@ def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, p
     return total
 
 
-def candidate_placements(work: Workload, requests: np.ndarray, homes: np.ndarray, cluster: Cluster,
-                         num_slots: int) -> dict[str, np.ndarray]:
-    """The candidate placements (phy2log [L, P] each) built from the rows of ``requests`` (indices into the window)
-    with request homes [Rq]: EPLB on their load, node affinity, node affinity with EPLB's replica counts."""
-    from moeplace.placement import replica_counts
-    from moeplace.plan.eplb import rebalance
-
-    N, G, W, E = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts
-    sel = np.isin(work.token_request, requests)
-    tr, ids = work.token_request[sel], work.expert_ids[sel]
-    traffic = work.traffic_rows()[sel]  # a prefill-only window's prompts are its traffic
-    eplb = rebalance(load_from_tokens(ids[traffic], E), num_slots, 1, N, W)
-    use_n = node_use(tr, ids, homes, N, G, E)  # prefill and decode rows
-    return {"eplb": eplb, "affinity": initial_placement(use_n, num_slots, G),
-            "affinity+eplb-replicas": affinity_with_counts(use_n, replica_counts(eplb, E), num_slots, G)}
+def requests_load(work: Workload, requests: np.ndarray) -> np.ndarray:
+    """float64 [L, E]: selections per expert in the rows of ``requests`` (indices into the window) that
+    ``work.load`` counts (:meth:`~moeplace.plan.base.Workload.traffic_rows`: the rows after admission, or a
+    prefill-only window's prompts), so an EPLB built on part of the window is built as the one on all of it."""
+    sel = np.isin(work.token_request, requests) & work.traffic_rows()
+    return load_from_tokens(work.expert_ids[sel], work.num_experts)
 
 
 CV_FOLDS = 2  # cross-validation folds: each candidate is built on half the planning requests, timed on the other
@@ -231,8 +222,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         grouping (a candidate named ``usage-...`` uses the ``usage`` one)."""
         sel = np.isin(work.token_request, train)
         tr, ids = work.token_request[sel], work.expert_ids[sel]
-        load = load_from_tokens(ids[traffic[sel]], E)  # the rows work.load counts, so the baselines timed here
-        # are built as the deployed one is (a prefill-only window's prompts; never an empty load)
+        load = requests_load(work, train)  # built as the deployed baseline is (never an empty load)
         out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants}
         groupers = {}
         for by in groupings:
@@ -246,7 +236,6 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         return out, groupers
 
     # evidence: build on one fold, time on the other, both ways
-    traffic = work.traffic_rows()
     times: dict[str, dict[str, list[np.ndarray]]] = {ph: {} for ph in weigh}
     sizes: dict[str, int] = {}
     full = {"prefill": int(prefill_tokens), "decode": int(decode_running or decode_batch)}
