@@ -140,3 +140,21 @@ def test_prefill_only_window_builds_its_baselines_from_the_prompts():
     both = workload_from_tokens(tr.tokens.request_id, tr.tokens.phase, tr.tokens.expert_ids, tr.meta.num_experts)
     assert np.array_equal(both.traffic_rows(), ~both.admission_rows)  # with decode rows: the decode rows
     assert np.array_equal(requests_load(both, np.arange(both.num_requests)), both.load)
+
+
+def test_prefill_only_window_has_no_usage_candidates():
+    """Grouping by what requests go on to use needs rows after admission: a prefill-only window times only the
+    signal-grouped candidates (with decode weighed too), and its decision names no usage candidate."""
+    from moeplace.data import default_trace_path
+    from moeplace.placement import Cluster
+    from moeplace.plan.base import workload_from_tokens
+    from moeplace.plan.joint_time import plan_joint_time
+    from moeplace.trace import read_trace
+
+    tr = read_trace(default_trace_path())
+    tk = tr.tokens.select(tr.tokens.phase == 0)
+    work = workload_from_tokens(tk.request_id, tk.phase, tk.expert_ids, tr.meta.num_experts)
+    res = plan_joint_time(work, Cluster(2, 2), 4, hidden_size=128, prefill_tokens=512, phases="both")
+    names = list(res.extra["decision"]["candidates"])
+    assert any(n.startswith("node-affinity/") for n in names)
+    assert not any(n.startswith("usage-") for n in names)

@@ -202,7 +202,8 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     flayers = feature_layers(L, E)
     weigh = PHASE_CHOICES[1:] if phases == "both" else (phases,)
     # a prefill's traffic is its prompt, the signal itself: grouping by later use only pays where decode is weighed
-    groupings = GROUPINGS if "decode" in weigh else ("signal",)
+    # and the window has rows after admission to learn it from (a prefill-only window has none: no usage groups)
+    groupings = GROUPINGS if "decode" in weigh and (~work.admission_rows).any() else ("signal",)
 
     def grouping(train: np.ndarray, by: str) -> tuple[Grouper, np.ndarray]:
         """A grouper fitted on ``train`` and the homes it gives every request of the window (each request admitted
