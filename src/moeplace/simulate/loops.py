@@ -430,7 +430,6 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
         ld[b] += d
 
 
-
 @njit(cache=True, nogil=True)
 def entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, nxt):
     """The (group, replica) entries of groups 0..J-1 by GPU, as CSR: GPU g's entries are gj[gs[g]:gs[g + 1]] (group)
