@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,15 @@ def versions() -> dict[str, str | None]:
         except ImportError:
             out[name] = None
     return out
+
+
+def export_src(rev: str, prefix: str = "src_") -> Path:
+    """``src`` of git revision ``rev`` exported into a new temporary folder; returns that ``src`` (remove its
+    parent when done). For a bench that times a command at an earlier revision in the same run."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    tar = subprocess.run(["git", "archive", rev, "src"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
+    return root / "src"
 
 
 class BenchRun:

@@ -26,19 +26,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, BenchRun, positive_int
+from common import REPO, BenchRun, export_src, positive_int
 
 SRC = REPO / "src"
 DEFAULT_TRACE = REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
 TARGETS = {"plan_seconds": 10.0, "score_seconds": 1.0}
-
-
-def export_src(rev: str) -> Path:
-    """A temporary folder holding ``src`` at git revision ``rev``; returns its ``src``."""
-    root = Path(tempfile.mkdtemp(prefix="plan_speed_"))
-    tar = subprocess.run(["git", "archive", rev, "src"], cwd=REPO, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
-    return root / "src"
 
 
 def digest(path: Path) -> str:
@@ -126,7 +118,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="plan_speed_work_"))
     sides = {"current": SRC}
     if args.previous:
-        sides["previous"] = export_src(args.previous)
+        sides["previous"] = export_src(args.previous, prefix="plan_speed_")
     try:
         for name, src in sides.items():  # warm-up: each source tree compiles its numba cache once
             one_side(src, trace, args.cluster, args.redundant, work, f"warm_{name}")

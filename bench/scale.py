@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from common import REPO, BenchRun, positive_int, positive_ints
+from common import REPO, BenchRun, export_src, positive_int, positive_ints
 
 from moeplace.io import atomic_write_json, make_temp_dir, remove_stale
 from moeplace.trace.format import COMPRESSION
@@ -170,10 +170,7 @@ def synth_ab(rev: str, work: Path, requests: int, reps: int = 2) -> dict:
     """The whole ``synth`` command at git revision ``rev`` (its ``src`` exported from git) and at this checkout,
     alternated ``reps`` times each after a small warm-up run of both (numba caches); median seconds, the ratio,
     and whether both wrote byte-identical traces."""
-    old_src = Path(tempfile.mkdtemp(prefix="synth_old_"))
-    tar = subprocess.run(["git", "archive", rev, "src"], cwd=REPO, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old_src)], input=tar, check=True)
-    old_src = old_src / "src"
+    old_src = export_src(rev, prefix="synth_old_")
     cmd = ["synth", "--preset", "deepseek-v3", "--requests"]
     runs: dict[str, list[dict]] = {"current": [], "previous": []}
     digests: dict[str, str] = {}
