@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import BenchRun
+from common import BenchRun, positive_int
 
 from moeplace.cli.options import add_engine_options, engine_from_args
 
@@ -64,12 +64,16 @@ def workload_sources() -> dict[str, dict[str, Path | None]]:
     return out
 
 
-def fitted_nodes(trace, profile, phase: str, holdout: float, seeds: int) -> tuple[int | None, dict]:
+def fitted_nodes(trace, profile, phase: str, holdout: float, seeds: int, min_microbatches: int = 0
+                 ) -> tuple[int | None, dict]:
     """The largest node count (<= the profile's) at which the held-out window of every split seed forms at least
-    MIN_MICROBATCHES full micro-batches of ``phase``, and the fewest full ones per node count tried."""
+    ``min_microbatches`` (0: MIN_MICROBATCHES) full micro-batches of ``phase``, and the fewest full ones per node
+    count tried."""
     from moeplace.deploy.profiles import phase_deployments
     from moeplace.evaluate import split_windows
     from moeplace.evaluate.measure import MIN_MICROBATCHES, microbatch_counts, setup_of
+
+    need = min_microbatches or MIN_MICROBATCHES
 
     wins = [split_windows(trace, holdout, "random", s, arrival="mixed") for s in range(seeds)]
     tried = {}
@@ -77,7 +81,7 @@ def fitted_nodes(trace, profile, phase: str, holdout: float, seeds: int) -> tupl
         st = setup_of(phase_deployments(profile, cluster=str(nodes))[phase], full_only=True)
         full = min(microbatch_counts(w, st.batching)[phase]["full"] for w in wins)
         tried[nodes] = full
-        if full >= MIN_MICROBATCHES:
+        if full >= need:
             return nodes, tried
     return None, tried
 
@@ -95,6 +99,12 @@ def main() -> int:
     ap.add_argument("--workloads", help="comma-separated: reference-fg, reference-ds, gpt-oss-20b (default: all)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--phases", default="prefill,decode", help="phases to measure (runs can be split by phase)")
+    ap.add_argument("--min-microbatches", type=positive_int, default=None,
+                    help="full held-out micro-batches a setting needs (default: the protocol's 20); lower only for "
+                         "a trial the data cannot fill otherwise, and say so")
+    ap.add_argument("--max-check-requests", type=positive_int, default=None,
+                    help="joint's evaluation requests (default: its own, 2048): more lets a large planning window "
+                         "form full-size prefill evidence")
     ap.add_argument("--json")
     add_engine_options(ap)
     args = ap.parse_args()
@@ -141,10 +151,10 @@ def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
                 prof = PROFILES[pname]
                 key = f"{wname}-{pname}-{phase}"
                 holdout = args.prefill_holdout if phase == "prefill" else args.holdout
-                nodes, tried = fitted_nodes(trace, prof, phase, holdout, args.seeds)
+                nodes, tried = fitted_nodes(trace, prof, phase, holdout, args.seeds, args.min_microbatches or 0)
                 if nodes is None:
-                    skipped[key] = ("fewer than 20 full micro-batches even on 1 node (fewest per seed, by nodes: "
-                                    f"{tried})")
+                    skipped[key] = (f"fewer than {args.min_microbatches or 20} full micro-batches even on 1 node "
+                                    f"(fewest per seed, by nodes: {tried})")
                     print(f"{key}: skipped ({skipped[key]})", flush=True)
                     continue
                 deps = phase_deployments(prof, cluster=str(nodes))
@@ -154,9 +164,11 @@ def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
                 if same is not None:  # another profile reduced to the same deployment: the same measurement
                     r = results[same]["compare"]
                 else:
+                    extra = {"min_microbatches": args.min_microbatches} if args.min_microbatches else {}
+                    params = {"max_check_requests": args.max_check_requests} if args.max_check_requests else None
                     r = compare(trace, None, None, strategies, holdout=holdout, arrival="mixed",
                                 phase_deployments=deps, split_seeds=list(range(args.seeds)), phases=(phase,),
-                                engine=engine)
+                                engine=engine, params=params, **extra)
                     done[key] = bare
                 dep = deps[phase]
                 rows = {n: r["strategies"][n]["phases"].get(phase) for n in strategies}
@@ -189,7 +201,8 @@ def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
     run.write({"params": {"seeds": args.seeds, "holdout": args.holdout, "prefill_holdout": args.prefill_holdout,
                           "arrival": "mixed (seeded by the split)",
                           "profiles": profiles, "workloads": wanted, "strategies": strategies,
-                          "phases": args.phases.split(","), "engine": args.engine, "address": args.address},
+                          "phases": args.phases.split(","), "engine": args.engine, "address": args.address,
+                          "min_microbatches": args.min_microbatches, "max_check_requests": args.max_check_requests},
                "results": results, "skipped": skipped,
                "summary": {"settings": len(results), "decided_faster_than_baseline": decided_wins,
                            "decided_slower_than_baseline": decided_losses}}, args.json)
