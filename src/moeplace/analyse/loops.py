@@ -25,7 +25,6 @@ def in_range(ids, num_experts):  # pragma: no cover - compiled
     return True
 
 
-
 @njit(cache=True, nogil=True)
 def add_request_counts(token_request, expert_ids, out):  # pragma: no cover - compiled
     """Add every selection into ``out`` [Rq, L, E]: ``out[token_request[t], l, expert_ids[t, l, k]] += 1``.
