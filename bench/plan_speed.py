@@ -110,6 +110,8 @@ def main() -> int:
     trace = Path(args.trace).resolve()
     if not trace.is_dir():
         ap.error(f"--trace {args.trace}: no trace folder there")
+    if args.json and Path(args.json).resolve().is_relative_to(trace):
+        ap.error(f"--json {args.json}: inside the trace folder {args.trace}, this bench's input; write elsewhere")
     if args.previous and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.previous}^{{commit}}"],
                                         cwd=REPO, capture_output=True).returncode != 0:
         ap.error(f"--previous {args.previous}: not a commit of this repository")

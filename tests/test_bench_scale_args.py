@@ -34,7 +34,9 @@ def test_reps_must_be_positive():
 
 @pytest.mark.parametrize(("args", "says"), [(["--previous", "no-such-revision"], "--previous"),
                                             (["--trace", str(REPO / "README.md")], "--trace"),
-                                            (["--reps", "0"], "--reps")])
+                                            (["--reps", "0"], "--reps"),
+                                            (["--json", str(REPO / "src" / "moeplace" / "data" / "reference-fg.trace"
+                                                            / "meta.json")], "--json")])
 def test_plan_speed_wrong_flag_is_exit_2(args, says):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     p = subprocess.run([sys.executable, str(REPO / "bench" / "plan_speed.py"), *args], cwd=REPO / "bench", env=env,
