@@ -19,7 +19,10 @@ Protocol, per split seed (``split_seeds``; the arrival order has its own seed, t
 4. Per strategy and phase: the mean layer time per micro-batch, its ratio to the baseline with a paired two-level
    bootstrap interval (:func:`moeplace.evaluate.intervals.paired_ratio_ci`: the same micro-batches for both), the
    ideal bounds of the same plan and traffic (balanced; balanced and local) and
-   ``gap_closed = (baseline - plan) / (baseline - bound_balanced)``.
+   ``gap_closed = (baseline - plan) / (baseline - bound_balanced)``; and the *reachable* bound of the held-out
+   traffic (:mod:`moeplace.simulate.bounds`: the least layer time any placement within the deployment's slots, any
+   dispatch and any balanced grouping could give, certified from below) with
+   ``gap_closed_reachable = (baseline - plan) / (baseline - bound_reachable)``.
 """
 
 from __future__ import annotations
@@ -126,13 +129,16 @@ class PhaseSamples:
     bound_balanced: np.ndarray
     bound_local: np.ndarray
     inter_node_bytes: np.ndarray | None = None  # inter-node bytes of each micro-batch, all layers (per-GPU dedup)
+    bound_reachable: np.ndarray | None = None  # the reachable bound (any placement the slots allow; plan-free)
 
 
 def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
     """The scored micro-batches' layer times and bounds (mean over layers) and inter-node bytes (sum over layers)
     of one phase result."""
+    reach = (res.layer_times("bound_reachable_time")[mask] if "bound_reachable_time" in res.per_microbatch
+             else None)
     return PhaseSamples(res.layer_times()[mask], res.layer_times("bound_balanced_time")[mask],
-                        res.layer_times("bound_local_time")[mask], res.bytes_per_microbatch().sum(1)[mask])
+                        res.layer_times("bound_local_time")[mask], res.bytes_per_microbatch().sum(1)[mask], reach)
 
 
 def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
@@ -250,9 +256,16 @@ def phase_block(per_seed: list[dict[str, PhaseSamples]], strategy: str, baseline
     bal = float(sum(p.bound_balanced.sum() for p in plan) / n)
     loc = float(sum(p.bound_local.sum() for p in plan) / n)
     room = bmean - bal
+    # the reachable bound is a property of the held-out traffic and the slots, not of the plan: the baseline's
+    # samples carry the same values (same micro-batches), so either gives it
+    reach = (float(sum(b.bound_reachable.sum() for b in base) / n)
+             if all(b.bound_reachable is not None for b in base) else None)
+    rroom = None if reach is None else bmean - reach
     return {"layer_time_s": mean, "ratio_to_baseline": ci.ratio, "ci95": [ci.lo, ci.hi], "microbatches": n,
             "seeds": ci.seeds, "decided": ci.decided, "bound_balanced_s": bal, "bound_local_s": loc,
-            "gap_closed": (bmean - mean) / room if room > 0 else None}
+            "bound_reachable_s": reach, "baseline_layer_time_s": bmean,
+            "gap_closed": (bmean - mean) / room if room > 0 else None,
+            "gap_closed_reachable": (bmean - mean) / rroom if rroom is not None and rroom > 0 else None}
 
 
 def strongest_baseline(per_seed: list[dict[str, PhaseSamples]]) -> tuple[str | None, dict[str, float]]:
@@ -297,13 +310,16 @@ def format_phases(result: dict) -> str:
         lines.append(f"{ph}: baseline {base} ({bt * 1e6:.1f} us per layer per micro-batch); {mb} scored "
                      f"micro-batches over {seeds} split seed(s)")
         lines.append(f"  {'strategy':<20}{'layer us':>10}  {'ratio [95% interval]':<26}{'bound us':>10}"
-                     f"{'local us':>10}{'gap closed':>12}")
+                     f"{'local us':>10}{'gap closed':>12}{'reach us':>10}{'gap reach':>11}")
         for n, b in rows:
             ci = f"{b['ratio_to_baseline']:.3f} [{b['ci95'][0]:.3f}, {b['ci95'][1]:.3f}]"
             mark = "" if b["decided"] else " ~"
             gap = "-" if b["gap_closed"] is None else f"{b['gap_closed']:+.2f}"
+            rb = "-" if b.get("bound_reachable_s") is None else f"{b['bound_reachable_s'] * 1e6:.1f}"
+            rg = "-" if b.get("gap_closed_reachable") is None else f"{b['gap_closed_reachable']:+.2f}"
             lines.append(f"  {n:<20}{b['layer_time_s'] * 1e6:>10.1f}  {ci + mark:<26}"
-                         f"{b['bound_balanced_s'] * 1e6:>10.1f}{b['bound_local_s'] * 1e6:>10.1f}{gap:>12}")
+                         f"{b['bound_balanced_s'] * 1e6:>10.1f}{b['bound_local_s'] * 1e6:>10.1f}{gap:>12}"
+                         f"{rb:>10}{rg:>11}")
     if lines:
         lines.append("  (~: the interval contains 1, not told apart from the baseline)")
     return "\n".join(lines)

@@ -187,7 +187,7 @@ class PhaseResult:
         # the kernel time model (moeplace.simulate.cost): the chosen kernel's layer time, and every kernel's calls
         out["kernel_time"] = {f"{k}_s": st.want((k,)) for k in (
             "layer_time", "dispatch_time", "combine_time", "expert_time", "memory_time", "bound_balanced_time",
-            "bound_local_time")}
+            "bound_local_time", "bound_reachable_time")}
         for k in KERNELS:
             out["kernel_time"][k] = {f"{part}_s": st.want((f"{k}.{part}",))
                                      for part in ("dispatch_time", "combine_time")}

@@ -29,6 +29,7 @@ from moeplace.engine import TASKS_PER_WORKER
 from moeplace.placement import Cluster, Placement, Plan
 from moeplace.simulate import loops
 from moeplace.simulate.batching import BatchConfig, Layout, build_layout, microbatch_ids, rows_of
+from moeplace.simulate.bounds import expert_demand, reachable_seconds
 from moeplace.simulate.cost import CostConfig, TimeTerms, microbatch_metrics, pair_flops_of, time_terms
 from moeplace.simulate.mbstore import COLUMN_ELEMENTS, SPILL_BYTES, MicrobatchMetrics
 from moeplace.simulate.result import PhaseResult, SimResult
@@ -180,7 +181,11 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
                             active, pair_counts)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
-    return umb, loads, ctx.metrics(counts, loads, active, pair_counts, phase)
+    metrics = ctx.metrics(counts, loads, active, pair_counts, phase)
+    demand = expert_demand(ids, rows_o, starts, ctx.meta.num_experts)
+    metrics["bound_reachable_time"] = reachable_seconds(demand, cnt, ids.shape[2], ctx.placement.num_slots,
+                                                        ctx.cluster, ctx.terms, phase, ctx.pair_seconds)
+    return umb, loads, metrics
 
 
 def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
