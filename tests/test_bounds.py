@@ -65,7 +65,7 @@ def brute_min_time(ids: np.ndarray, W: int, G: int, E: int, P: int, cluster: Clu
                 busy = np.maximum(sent, recv).max(1)
                 any_pairs = np.array(True)
 
-                def one(busy_i, busy_e, nbytes):
+                def one(busy_i, busy_e, nbytes, any_pairs=any_pairs):
                     return kernel_seconds(km, np.array(busy_i), np.array(busy_e), any_pairs, cluster, nbytes)
 
                 if terms.overlap:
