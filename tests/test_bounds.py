@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from moeplace.placement import Cluster
-from moeplace.simulate.bounds import expert_demand, local_pairs_upper, reachable_seconds
+from moeplace.simulate.bounds import expert_demand, local_pairs_curve, local_pairs_upper, reachable_seconds
 from moeplace.simulate.config import CostConfig
 from moeplace.simulate.cost import time_terms
 from moeplace.simulate.kernels import KERNELS, expert_seconds, kernel_seconds, overlapped_seconds
@@ -169,3 +169,11 @@ def test_expert_demand_counts_pairs_per_microbatch():
     ids = np.array([[[0, 1]], [[1, 2]], [[2, 2 - 2]]])  # [T=3, L=1, K=2]
     d = expert_demand(ids, np.array([2, 0, 1]), np.array([0, 1, 3]), 3)
     assert d.tolist() == [[[1, 0, 1]], [[1, 2, 1]]]
+
+
+def test_local_pairs_curve_takes_the_largest_gains_first():
+    # gains of a second copy: expert 2 (4 pairs, cap 2) gains 2; nothing else gains
+    d = np.array([2, 2, 4])
+    np.testing.assert_array_equal(local_pairs_curve(d, 2, 2, 2), [6, 8, 8])
+    # three units of cap 1: expert 0 (3 pairs) gains 1 and 1, expert 1 (2 pairs) gains 1
+    np.testing.assert_array_equal(local_pairs_curve(np.array([3, 2, 0]), 1, 3, 4), [2, 3, 4, 5, 5])

@@ -328,7 +328,10 @@ CASES = [
     Case("full-width-number", ["simulate", "@T", "--cluster", "2x2", "--redundant", "\uff14"], "error",
          ["--redundant"]),
     Case("preset-of-another-shape", ["operate", "@T", "--cluster", "2x2", "--model-preset", "deepseek-v3",
-                                      "--policy", "static"], "ok",
+                                      "--policy", "static"], "error",
+         ["--model-preset deepseek-v3 has 256 experts", "routes to 32 experts", "--model-sizes-meant"]),
+    Case("preset-of-another-shape-meant", ["operate", "@T", "--cluster", "2x2", "--model-preset", "deepseek-v3",
+                                           "--model-sizes-meant", "--policy", "static"], "ok",
          check=lambda d, out: out.startswith("note: --model-preset deepseek-v3 has 256 experts, top-8;")
          and "price the trace's 32 experts" in out.splitlines()[0]),
     Case("foe-trace-given-to-eplb", ["plan", "@F", "--strategy", "eplb", "--cluster", "2x2", "--out", "@o.json"],

@@ -96,7 +96,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
         from moeplace.operate.service import check_stream_model
 
-        note = check_stream_model(args.stream, args.model_preset)  # explicit only: a --profile prices its model
+        note = check_stream_model(args.stream, args.model_preset, args.model_sizes_meant)  # explicit only: a --profile prices its model
         if note:
             print(note, flush=True)
         schedule = None
@@ -187,6 +187,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "expert per micro-batch (default: dropless, as SGLang and vLLM serve; no drop metrics)")
     p.add_argument("--model-preset", help="model sizes for the time model and the expert bytes "
                    "(default: the trace's model)")
+    p.add_argument("--model-sizes-meant", action="store_true",
+                   help="price the stream with --model-preset's sizes although its expert count or top-k differs "
+                        "from the trace's (a what-if; refused without this flag)")
     p.add_argument("--weight-bytes", type=float_in(0, 64, lo_open=True), default=2.0,
                    help="bytes per expert parameter (2 = bf16)")
     p.add_argument("--dedup", choices=("per_gpu", "two_hop"), default="per_gpu", help="time model's comm mode")

@@ -10,6 +10,7 @@ overlap and batch sizes. :func:`deployment_from_args` turns the parsed flags int
 from __future__ import annotations
 
 import argparse
+import sys
 
 from moeplace.cli import MAX_TOKENS, float_in, int_in
 
@@ -107,7 +108,7 @@ def deployment_from_args(args: argparse.Namespace):  # -> moeplace.deploy.Deploy
     """The :class:`~moeplace.deploy.Deployment` the group's flags name (with ``--profile``: the profile's, one
     pool of it with ``--profile-phase``); ValueError (exit 2) for a bad --cluster."""
     from moeplace.cli import CliError
-    from moeplace.deploy import Deployment, parse_cluster
+    from moeplace.deploy import Deployment, cluster_note, parse_cluster
 
     deps = phase_deployments_from_args(args)
     if deps is not None:
@@ -127,6 +128,9 @@ def deployment_from_args(args: argparse.Namespace):  # -> moeplace.deploy.Deploy
         cluster = parse_cluster(args.cluster, args.cluster_preset)
     except ValueError as e:  # name the flag: the message is read without the command line beside it
         raise CliError(f"--cluster {args.cluster}: {e}") from None
+    note = cluster_note(args.cluster, args.cluster_preset)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     return Deployment(cluster, args.cluster_preset, args.hidden_size,
                       args.dispatch_bytes, args.combine_bytes, args.mode, args.rule, args.overlap, args.decode_batch,
                       args.prefill_tokens, getattr(args, "decode_running", None))

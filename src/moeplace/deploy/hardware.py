@@ -5,8 +5,9 @@ model; those numbers are one :class:`Hardware` record. A :class:`ClusterPreset` 
 Hardware, nothing duplicated; choose the number of nodes when you use one (``preset.cluster(4)``).
 
 ``--cluster`` everywhere goes through :func:`parse_cluster`: ``NxG`` (generic links: the ``Cluster`` defaults),
-a preset name (one node of it), or ``N`` / ``NxG`` with ``--cluster-preset`` (N nodes of the preset; G must be the
-preset's). Digits are ASCII only (``４x２`` is refused, not read as 4x2).
+a preset name (one node of it), or ``N`` / ``NxG`` with ``--cluster-preset`` (N nodes of the preset; with ``NxG``
+the preset's links and GPU on G GPUs per node, which may differ from the preset's own G: a shape its links
+describe, priced per GPU; :func:`cluster_note` says so). Digits are ASCII only (``４x２`` is refused, not read as 4x2).
 """
 
 from __future__ import annotations
@@ -116,13 +117,26 @@ def parse_cluster(spec: str, preset: str | None = None) -> Cluster:
         return Cluster(int(shape.group(1)), int(shape.group(2)))
     if nodes is not None:
         return cp.cluster(int(nodes.group(1)))
-    if shape is not None:
-        if int(shape.group(2)) != cp.gpus_per_node:
-            raise ValueError(f"cluster {spec!r}: preset {cp.name} has {cp.gpus_per_node} GPUs per node, not "
-                             f"{int(shape.group(2))}")
-        return cp.cluster(int(shape.group(1)))
+    if shape is not None:  # any G: the preset's links and GPU, priced per GPU, on the shape asked for
+        return cp.hardware.cluster(int(shape.group(1)), int(shape.group(2)))
     if s.strip().lower() == cp.name:
         return cp.cluster(1)
     raise ValueError(f"cluster {spec!r} with --cluster-preset {cp.name}: expected NODES (e.g. 4) or "
-                     f"NODESx{cp.gpus_per_node} with ASCII digits")
+                     f"NODESxGPUS (e.g. 4x{cp.gpus_per_node}) with ASCII digits")
+
+
+def cluster_note(spec: str, preset: str | None) -> str | None:
+    """The line to print when ``--cluster NxG --cluster-preset P`` asks for G GPUs per node where the preset's
+    system has another number (its links and GPU are used per GPU); None otherwise (or for a spec parse_cluster
+    refuses, which says why itself)."""
+    if preset is None:
+        return None
+    shape = _SHAPE.fullmatch(str(spec))
+    cp = get_cluster_preset(preset)
+    if shape is None or int(shape.group(2)) == cp.gpus_per_node:
+        return None
+    n, g = int(shape.group(1)), int(shape.group(2))
+    return (f"note: --cluster {n}x{g} --cluster-preset {cp.name}: {n} nodes of {g} GPUs with {cp.name}'s links and "
+            f"GPU (the preset's system has {cp.gpus_per_node} GPUs per node; per-GPU NVLink and NIC rates are "
+            "kept)")
 

@@ -14,10 +14,11 @@ from moeplace.operate.streams import ORDERS, Stream, drift_stream, schedule_stre
 from moeplace.operate.workloads import MixSchedule
 
 
-def check_stream_model(path: str | Path, model_preset: str | None) -> str | None:
+def check_stream_model(path: str | Path, model_preset: str | None, sizes_meant: bool = False) -> str | None:
     """Before a stream is opened: ValueError naming the trace for an FoE trace (the loop prices plain MoE
-    execution); for a model preset whose experts or top-k differ from the trace's, the note to print (its hidden
-    and expert sizes price the trace's own experts: a deliberate what-if, so said, not refused); else None."""
+    execution), and for a model preset whose experts or top-k differ from the trace's (one line naming both: its
+    hidden and expert sizes would price another model's routing) unless ``sizes_meant`` (CLI:
+    ``--model-sizes-meant``, a deliberate what-if), which returns the note to print instead; else None."""
     from moeplace.deploy import get_model
     from moeplace.trace.reader import read_meta
 
@@ -28,9 +29,15 @@ def check_stream_model(path: str | Path, model_preset: str | None) -> str | None
     if model_preset is not None:
         p = get_model(model_preset)
         if (p.num_experts, p.top_k) != (meta.num_experts, meta.top_k):
+            if not sizes_meant:
+                raise ValueError(f"--model-preset {model_preset} has {p.num_experts} experts, top-{p.top_k}, but "
+                                 f"{path} routes to {meta.num_experts} experts, top-{meta.top_k} (model "
+                                 f"{meta.model}): give the trace's model, or --model-sizes-meant to price this "
+                                 "trace with the preset's sizes on purpose")
             return (f"note: --model-preset {model_preset} has {p.num_experts} experts, top-{p.top_k}; {path} routes "
                     f"to {meta.num_experts}, top-{meta.top_k}: the preset's sizes (hidden {p.hidden_size}, expert "
-                    f"intermediate {p.moe_intermediate_size}) price the trace's {meta.num_experts} experts")
+                    f"intermediate {p.moe_intermediate_size}) price the trace's {meta.num_experts} experts "
+                    "(--model-sizes-meant)")
     return None
 
 
