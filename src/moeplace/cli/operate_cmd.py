@@ -96,7 +96,8 @@ def cmd_operate(args: argparse.Namespace) -> int:
             raise ValueError("give a STREAM (a per-token trace directory), or --source live --model ... --prompts ...")
         from moeplace.operate.service import check_stream_model
 
-        note = check_stream_model(args.stream, args.model_preset, args.model_sizes_meant)  # explicit only: a --profile prices its model
+        # explicit only: a --profile prices its model
+        note = check_stream_model(args.stream, args.model_preset, args.model_sizes_meant)
         if note:
             print(note, flush=True)
         schedule = None

@@ -7,7 +7,7 @@ import math
 
 from moeplace.cli import CliError, float_in, int_in, output_dir
 from moeplace.deploy import MODEL_PRESETS
-from moeplace.simulate.synth_config import SynthConfig
+from moeplace.simulate.synth_config import DEFAULT_MAX_REQUESTS, SynthConfig
 
 
 def share_list(text: str) -> tuple[float, ...]:
@@ -23,6 +23,15 @@ def share_list(text: str) -> tuple[float, ...]:
     return out
 
 
+def estimate_line(cfg: SynthConfig, preset) -> str:
+    """``T tokens, X GB on disk, S to write`` for ``cfg`` on a model preset (synth_estimate)."""
+    from moeplace.simulate.synth_config import format_duration, synth_estimate
+
+    tokens, nbytes, seconds = synth_estimate(cfg, preset.num_layers, preset.top_k)
+    size = f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+    return f"{tokens:,} tokens, {size} on disk, {format_duration(seconds)} to write"
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from moeplace.simulate.synth import synthesize
     from moeplace.simulate.synth_config import synth_budget_problem
@@ -36,9 +45,14 @@ def cmd_synth(args: argparse.Namespace) -> int:
                       prefill_decode_corr=args.prefill_decode_corr, temporal_overlap=args.temporal_overlap,
                       layer_affinity=args.layer_affinity, foe_groups=args.foe_groups, seed=args.seed)
     preset = MODEL_PRESETS[args.preset]
+    if args.requests > args.max_requests:
+        raise CliError(f"synth --requests {args.requests:,}: more than --max-requests {args.max_requests:,} (about "
+                       f"{estimate_line(cfg, preset)}); raise --max-requests to write it on purpose")
     problem = synth_budget_problem(cfg, preset.num_layers, preset.num_experts, preset.top_k, args.out)
     if problem:  # before calibration: an impossible size is one line, not an out-of-memory crash hours later
         raise CliError(problem)
+    print(f"synth: {args.requests:,} requests, about {estimate_line(cfg, preset)} (estimated from the rates of a "
+          "2-core machine)", flush=True)
     path = synthesize(args.out, args.preset, cfg, overwrite=args.overwrite, progress=not args.quiet)
     print(f"wrote SYNTHETIC workload {path} (preset {args.preset}, {args.requests} requests, seed {args.seed}); "
           "metadata says synthetic=True")
@@ -60,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", required=True, choices=sorted(MODEL_PRESETS), help="model preset")
     p.add_argument("--requests", type=int_in(1, 1 << 22), default=d.num_requests,
                    help="requests (default: %(default)s)")
+    p.add_argument("--max-requests", type=int_in(1, 1 << 22), default=DEFAULT_MAX_REQUESTS,
+                   help="refuse more --requests than this, with the size and time estimate (default: %(default)s)")
     p.add_argument("--prompt-len", type=int_in(1, 1 << 20), default=d.prompt_len,
                    help="mean prompt tokens (default: %(default)s)")
     p.add_argument("--gen-len", type=int_in(0, 1 << 20), default=d.gen_len,

@@ -60,4 +60,5 @@ TIME_PARAMS = ("hidden_size", "dispatch_bytes", "combine_bytes", "mode", "rule",
                "prefill_tokens", "decode_running")
 
 __all__ = ["CLUSTER_PRESETS", "HARDWARE_FIELDS", "MODEL_PRESETS", "TIME_PARAMS", "ClusterPreset", "Deployment",
-           "Hardware", "ModelPreset", "cluster_note", "expert_groups", "find_model", "get_cluster_preset", "get_model", "parse_cluster"]
+           "Hardware", "ModelPreset", "cluster_note",
+           "expert_groups", "find_model", "get_cluster_preset", "get_model", "parse_cluster"]

@@ -60,6 +60,13 @@ SYNTH_BATCH_REQUESTS = 64  # requests generated at once (moeplace.simulate.synth
 SYNTH_AHEAD = 2  # batches generated ahead of the writer (int16 [T, L, K] each), in a background thread
 PILOT_REQUESTS_MAX = 256  # calibration measures skew on at most this many requests (4 layers at once)
 STORED_FRACTION = 0.2  # compressed shard bytes per raw routing byte, at least (measured: 0.3 on presets)
+# The estimate ``moeplace synth`` prints before it writes (docs/PRESETS.md, "Sizes and time"): measured on the
+# 2-core reference machine, deepseek-v3 preset: 20,000 one-token requests 60 s and 80,000 187 s (the per-request
+# work dominates short requests), 200 requests of 320 tokens (29.7 M routing entries) 6.6 s with start-up.
+SYNTH_SECONDS_PER_REQUEST = 2.4e-3
+SYNTH_ENTRIES_PER_SECOND = 6e6  # token x layer x top-k routing entries generated per second
+SYNTH_STORED_MEASURED = 0.3  # compressed bytes per raw routing byte, as measured on the presets
+DEFAULT_MAX_REQUESTS = 1 << 20  # synth --max-requests: more requests need the flag raised on purpose
 
 
 def synth_budget_problem(cfg: SynthConfig, num_layers: int, num_experts: int, top_k: int,
@@ -90,3 +97,21 @@ def synth_budget_problem(cfg: SynthConfig, num_layers: int, num_experts: int, to
                 f"{tokens:,} tokens, at least {stored / 1e9:.1f} GB on disk, more than the {free / 1e9:.1f} GB free "
                 f"at {anc}")
     return None
+
+
+def synth_estimate(cfg: SynthConfig, num_layers: int, top_k: int) -> tuple[int, float, float]:
+    """(tokens, bytes on disk, seconds) that ``cfg`` is expected to take for a model of ``num_layers`` x top-
+    ``top_k``: an estimate from measured rates (the constants above), said before anything is written."""
+    tokens = cfg.num_requests * (cfg.prompt_len + cfg.gen_len)
+    entries = tokens * num_layers * top_k
+    seconds = cfg.num_requests * SYNTH_SECONDS_PER_REQUEST + entries / SYNTH_ENTRIES_PER_SECOND
+    return tokens, entries * 2 * SYNTH_STORED_MEASURED, seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min`` or ``2.1 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
