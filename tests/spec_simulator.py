@@ -291,6 +291,60 @@ def pair_busiest(pairs_from_to: list[tuple[int, int]], W: int, G: int) -> dict[s
             "busiest_inter": max(max(sent["inter"]), max(recv["inter"]))}
 
 
+def most_local_pairs(demand: list[int], cap: int, units: int, extra: int) -> list[int]:
+    """For j = 0 .. extra: the most pairs any placement serves on their token's own unit (node or GPU of at most
+    ``cap`` tokens) when experts serve from j units beyond one each: every expert e holds min(demand[e], cap) on its
+    first unit, and each further unit it serves adds min(cap, demand[e] - (units it has) x cap) while positive; the
+    j largest such additions are taken (docs/SIMULATOR.md, "Bounds")."""
+    gains = []
+    for d in demand:
+        for u in range(1, units):
+            gains.append(min(cap, max(0, d - u * cap)))
+    gains.sort(reverse=True)
+    base = sum(min(d, cap) for d in demand)
+    return [base + sum(gains[:j]) for j in range(extra + 1)]
+
+
+def least_kernel_call(kernel: str, off_gpu: float, inter_lo: float, has_pairs: bool, cluster, nbytes: float
+                      ) -> float:
+    """The least kernel call time over splits of ``off_gpu`` busiest sends into NVLink (off_gpu - te) and
+    inter-node (te >= inter_lo): the call is the slower of a rising and a falling line in te, so the least is at
+    an end or where the two cross."""
+    _, eff_i, eff_e, _ = KERNEL_CONSTANTS[kernel]
+    a_i, a_e = nbytes / (eff_i * cluster.intra_bw), nbytes / (eff_e * cluster.inter_bw)
+    lo = min(inter_lo, off_gpu)
+    cross = (cluster.intra_latency - cluster.inter_latency + off_gpu * a_i) / (a_i + a_e)
+    cross = min(max(cross, lo), off_gpu)
+    return min(kernel_call_time(kernel, max(off_gpu - te, 0.0), te, has_pairs, cluster, nbytes)
+               for te in (lo, off_gpu, cross))
+
+
+def reachable_layer(kernel: str, demand: list[int], tokens: int, W: int, G: int, K: int, num_slots: int, cluster,
+                    pair_seconds: float, dbytes: float, cbytes: float, expert_bytes: float, overlap: bool) -> float:
+    """The reachable bound of one micro-batch and layer (docs/SIMULATOR.md, "Bounds"): the least over j extra
+    (expert, unit) activations of the layer time with the fewest off-GPU and inter-node sends any placement of
+    ``num_slots`` slots and any balanced grouping allow, mean loads, and (A + j) / W active experts per GPU."""
+    N = W // G
+    E = len(demand)
+    extra = max(num_slots - E, 0)
+    P = sum(demand)
+    node = most_local_pairs(demand, -(-tokens // N), N, extra)
+    gpu = most_local_pairs(demand, -(-tokens // W), W, extra)
+    per_send = 1.0 if KERNEL_SENDS[kernel] == "per_pair" else 1.0 / K
+    A = sum(1 for d in demand if d > 0)
+    best = float("inf")
+    half = 0.5 if overlap else 1.0
+    for j in range(extra + 1):
+        off = max(P - gpu[j], 0) * per_send / W * half
+        inter = (max(P - node[j], 0) * per_send / W if N > 1 else 0.0) * half
+        d = least_kernel_call(kernel, off, inter, P > 0, cluster, dbytes)
+        c = least_kernel_call(kernel, off, inter, P > 0, cluster, cbytes)
+        m = (max((A + j) / W * expert_bytes / cluster.hbm_bw, P / W * pair_seconds * half) + cluster.compute_overhead
+             if P > 0 else 0.0)
+        best = min(best, d + max(m, d) + max(c, m) + c if overlap else d + m + c)
+    return best
+
+
 def _balance(load_row: list[int]) -> tuple[float, float]:
     """(balancedness mean/max, imbalance (max - mean)/mean) of one layer's load per GPU."""
     mean = sum(load_row) / len(load_row)
@@ -478,13 +532,20 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                 mflop = sum(pairs_on_gpu) / W * pair_seconds
                 mb_row.setdefault("bound_balanced_time", []).append(layer_of(kernel, mi, me, mact, mflop, *args))
                 mb_row.setdefault("bound_local_time", []).append(layer_of(kernel, mi, 0.0, mact, mflop, *args))
+                demand = [0] * trace.meta.num_experts
+                for t in rows:
+                    for k in range(K):
+                        demand[ids[t][layer][k]] += 1
+                mb_row.setdefault("bound_reachable_time", []).append(reachable_layer(
+                    kernel, demand, len(rows), W, G, K, P, cluster, pair_seconds, calls[kernel][2],
+                    combine_send_bytes, expert_bytes, overlap))
             for k, v in mb_row.items():
                 per_mb.setdefault(k, []).append(v)
         names = [f"{m}.{c}" for m in MODES for c in LINK_COUNTS] + [
             f"{m}.{c}" for m in MODES for c in ("comm_time", "comm_time_padded")] + ["compute_time", "pairs",
                                                                                      "max_load"]
         names += ["max_active", "memory_time", "expert_time", "dispatch_time", "combine_time", "layer_time",
-                  "bound_balanced_time", "bound_local_time"]
+                  "bound_balanced_time", "bound_local_time", "bound_reachable_time"]
         names += [f"per_pair.{c}" for c in ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")]
         names += [f"{k}.{c}" for k in KERNEL_SENDS for c in ("dispatch_time", "combine_time")]
         per_microbatch = {}

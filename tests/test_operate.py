@@ -299,7 +299,8 @@ def test_cli_json_keys_and_bad_source_keeps_last_plan(tmp_path):
     data[len(data) // 2:len(data) // 2 + 64] = b"\xff" * 64
     shards[-1].write_bytes(bytes(data))
     out = cli(str(path), "--cluster", "2x2", "--redundant", "4", "--window-requests", "5", "--decode-batch", "5",
-              "--model-preset", "gpt-oss-20b", "--policy", "static-eplb", "--out", str(tmp_path / "plans"))
+              "--model-preset", "gpt-oss-20b", "--model-sizes-meant", "--policy", "static-eplb", "--out",
+              str(tmp_path / "plans"))
     assert out.returncode == 2
     err = out.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("moeplace operate: error: stream stopped at window ")

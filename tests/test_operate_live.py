@@ -119,7 +119,8 @@ def live(tmp_path_factory):
                  server)
         op = subprocess.Popen(
             [sys.executable, "-m", "moeplace", "operate", str(trace), "--cluster", "2x4", "--redundant", "8",
-             "--model-preset", "gpt-oss-20b", "--policy", "periodic", "--period-steps", str(5 * STEPS_PER_WINDOW),
+             "--model-preset", "gpt-oss-20b", "--model-sizes-meant", "--policy", "periodic", "--period-steps",
+             str(5 * STEPS_PER_WINDOW),
              "--window-requests", str(WINDOW), "--decode-batch", str(WINDOW), "--sample-every", "1",
              "--step-seconds", f"{1.0 / STEPS_PER_WINDOW:.4f}", "--metrics-port", str(port), "--linger", "600",
              "--out", str(tmp / "plans")],

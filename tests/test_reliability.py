@@ -353,8 +353,8 @@ def test_plan_from_an_empty_trace_is_refused(tmp_path):
 def test_operate_on_an_empty_trace_is_refused(tmp_path):
     """operate over a stream without token rows is one line, exit 2, and writes no summary."""
     write_empty_trace(tmp_path / "e.trace")
-    res = moeplace("operate", tmp_path / "e.trace", "--cluster", "2x2", "--model-preset", "gpt-oss-20b", "--json",
-                   tmp_path / "o.json")
+    res = moeplace("operate", tmp_path / "e.trace", "--cluster", "2x2", "--model-preset", "gpt-oss-20b",
+                   "--model-sizes-meant", "--json", tmp_path / "o.json")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "no routed tokens" in res.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "o.json").exists()

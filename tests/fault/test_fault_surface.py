@@ -478,7 +478,8 @@ def test_synth_larger_than_the_free_disk_is_refused(cli, tmp_path):
     if free > 300e9:
         pytest.skip(f"{free / 1e9:.0f} GB free: this disk would hold the trace")
     line = one_line(cli.run(tmp_path, "synth", tmp_path / "s.trace", "--preset", "gpt-oss-20b", "--requests",
-                            "4194304", "--prompt-len", "1000", "--gen-len", "1000", "--length-jitter", "0"))
+                            "4194304", "--max-requests", "4194304", "--prompt-len", "1000", "--gen-len", "1000",
+                            "--length-jitter", "0"))
     assert "--requests 4194304" in line and "GB free" in line and not (tmp_path / "s.trace").exists()
 
 

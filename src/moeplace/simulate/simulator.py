@@ -85,10 +85,19 @@ class _Ctx:
         return np.zeros((0, ids.shape[1], ids.shape[2]), np.int16)
 
     def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray, active: np.ndarray,
-                pair_counts: np.ndarray, phase: str) -> dict[str, np.ndarray]:
-        """Per-micro-batch metrics of the time model (:func:`moeplace.simulate.cost.microbatch_metrics`)."""
-        return microbatch_metrics(counts, load, self.cluster, self.dispatch_send_bytes, self.combine_send_bytes,
-                                  self.pair_seconds, active, pair_counts, self.terms, phase)
+                pair_counts: np.ndarray, phase: str, demand: np.ndarray | None = None,
+                tokens: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Per-micro-batch metrics of the time model (:func:`moeplace.simulate.cost.microbatch_metrics`) and the
+        reachable bound (:func:`moeplace.simulate.bounds.reachable_seconds`) from ``demand`` int [B, L, E] and
+        ``tokens`` int [B] (None: no micro-batches, an empty [0, L] column)."""
+        out = microbatch_metrics(counts, load, self.cluster, self.dispatch_send_bytes, self.combine_send_bytes,
+                                 self.pair_seconds, active, pair_counts, self.terms, phase)
+        if demand is None:
+            out["bound_reachable_time"] = np.zeros(load.shape[:-1])
+        else:
+            out["bound_reachable_time"] = reachable_seconds(demand, tokens, self.meta.top_k, self.placement.num_slots,
+                                                            self.cluster, self.terms, phase, self.pair_seconds)
+        return out
 
     @property
     def W(self) -> int:
@@ -181,11 +190,8 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
                             active, pair_counts)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
-    metrics = ctx.metrics(counts, loads, active, pair_counts, phase)
     demand = expert_demand(ids, rows_o, starts, ctx.meta.num_experts)
-    metrics["bound_reachable_time"] = reachable_seconds(demand, cnt, ids.shape[2], ctx.placement.num_slots,
-                                                        ctx.cluster, ctx.terms, phase, ctx.pair_seconds)
-    return umb, loads, metrics
+    return umb, loads, ctx.metrics(counts, loads, active, pair_counts, phase, demand, cnt)
 
 
 def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
