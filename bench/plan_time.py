@@ -190,8 +190,10 @@ def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
                 base_t = results[key]["baseline_layer_time_s"] or 0.0
                 said = ", ".join(f"{n} {b['ratio_to_baseline']:.3f} [{b['ci95'][0]:.3f}, {b['ci95'][1]:.3f}]"
                                  for n, b in rows.items() if b)
+                reach = next((b["bound_reachable_s"] for b in rows.values() if b and b.get("bound_reachable_s")), None)
+                rsaid = "" if reach is None else f"; reachable bound {reach * 1e6:.1f} us"
                 print(f"{key} on {dep.cluster.spec()}: baseline {results[key]['baseline']} {base_t * 1e6:.1f} us; "
-                      f"{said} ({time.perf_counter() - t0:.0f} s)", flush=True)
+                      f"{said}{rsaid} ({time.perf_counter() - t0:.0f} s)", flush=True)
     for v in results.values():  # the full compare answers are large; keep what the tables need
         v.pop("compare")
     decided_wins = [k for k, v in results.items() for n, b in v["strategies"].items()
