@@ -34,6 +34,13 @@ Clusters per expert count (nodes x GPUs, redundant slots): E = 8: 2x2 R=4; E = 3
 2x4 R=16 and 4x8 R=32; E = 256: 4x8 R=32 (DeepSeek-V3's 288 slots). Policies: global (1 group) and hierarchical
 (8 groups, when E is a multiple of 8).
 
+Under a workload change (the DeepSeek-V3-shaped loads of ``deepseek_shaped_datasets``: another domain, a mix
+change, SYNTHETIC 58-layer workloads; plus the recorded-order and domain-ordered cells above) every variant is
+also scored against the engines' own EPLB, vLLM's and SGLang's, run from their interop venvs
+(scripts/interop_venvs.sh; bench/engine_eplb.py in a subprocess) on the same planning windows; ``--no-engines``,
+or an absent venv, leaves them out and says so in ``engines``. ``results.defaults`` is the decision the ``eplb``
+strategy's default packing follows (``moeplace.plan.registry.DEFAULT_EPLB_PACKING``).
+
 Plan time: DeepSeek-V3 shape (58 x 256, 288 slots, 4 x 8), Pareto(1.5) x 1000 load (seed 0, SYNTHETIC, as
 bench/eplb_speed.py), median of ``--repeats`` calls after one warm-up, per variant and policy.
 Writes bench/results/eplb_next_window.json.
@@ -42,6 +49,10 @@ Writes bench/results/eplb_next_window.json.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +79,12 @@ class Dataset:
     name: str
     what: str  # how the windows were formed
     loads: np.ndarray  # float64 [K, L, E]: one load per window, in order
+    pairs: list[tuple[int, int]] | None = None  # (plan on, score on) window pairs; None: consecutive (k, k + 1)
+    change: str = "time"  # what differs between the two windows of a pair: time, domain, mix
+
+    def pair_list(self) -> list[tuple[int, int]]:
+        K = self.loads.shape[0]
+        return list(self.pairs) if self.pairs is not None else [(k, k + 1) for k in range(K - 1)]
 
 
 def layer_counts(ids: np.ndarray, E: int) -> np.ndarray:
@@ -131,7 +148,73 @@ def olmoe_datasets() -> list[Dataset]:
         doms = sorted(k.split("__", 1)[1] for k in z.files if k.startswith("expert_counts__"))
         loads = np.stack([z[f"expert_counts__{d}"].astype(np.float64) for d in doms])
         out.append(Dataset(f"shared {model} domains", f"{model} per-domain expert counts at layers 0/7/15, domains "
-                           f"in file order {' -> '.join(doms)} (a change of domain, not of time)", loads))
+                           f"in file order {' -> '.join(doms)} (a change of domain, not of time)", loads,
+                           change="domain"))
+    return out
+
+
+DS_DOMAINS = ("code", "math", "general")  # reference-ds's domains with >= 1,000 requests (chat has 118)
+SYN_SHIFT, SYN_TOKENS = 0.1, 65536  # synthetic DeepSeek-V3-shaped windows: per-workload log-sigma, tokens per window
+MIXES = ((0.7, 0.2, 0.1), (0.1, 0.7, 0.2), (0.2, 0.1, 0.7), (0.4, 0.4, 0.2))  # (code, math, general) per window
+
+
+def deepseek_shaped_datasets(seed: int = 0) -> list[Dataset]:
+    """DeepSeek-V3-shaped loads (256 experts in 8 groups, top-8) under a workload change.
+
+    - ``reference-ds`` (the project's trained DeepSeek-V3-architecture reference model, real routing), per phase:
+      *another workload*: each domain's load, every ordered pair of distinct domains (plan on code, score on math,
+      ...); *a mix change*: windows of 1,000 requests drawn (seeded, without replacement inside a window) with
+      the domain mixes ``MIXES`` in turn, consecutive windows paired (a 70/20/10 mix followed by 10/70/20, ...).
+    - SYNTHETIC, 58 layers (DeepSeek-V3's MoE layer count): per layer a log-normal expert popularity (sigma 1),
+      each of 6 workloads perturbing it (log-normal, sigma ``SYN_SHIFT``), ``SYN_TOKENS`` decode tokens x top-8
+      per window
+      drawn multinomially; consecutive workloads paired. Labelled SYNTHETIC in its name.
+    """
+    out: list[Dataset] = []
+    path = DATA / "reference-ds.trace"
+    if path.exists():
+        t = read_trace(path)
+        E = t.meta.num_experts
+        ids = t.tokens.expert_ids.astype(np.int64)
+        dom_of = dict(zip(t.requests.request_id.tolist(), [str(d) for d in t.requests.domain], strict=True))
+        tok_dom = np.array([dom_of[r] for r in t.tokens.request_id.tolist()])
+        rng = np.random.default_rng(seed)
+        for phase, code in (("decode", 1), ("prefill", 0)):
+            ph = t.tokens.phase == code
+            loads = np.stack([layer_counts(ids[ph & (tok_dom == d)], E) for d in DS_DOMAINS])
+            pairs = [(a, b) for a in range(len(DS_DOMAINS)) for b in range(len(DS_DOMAINS)) if a != b]
+            out.append(Dataset(f"reference-ds {phase} domains", f"reference-ds {phase} load per domain "
+                               f"({', '.join(DS_DOMAINS)}), every ordered pair of distinct domains (another workload)",
+                               loads, pairs=pairs, change="domain"))
+            req_dom = np.array([dom_of[r] for r in t.requests.request_id.tolist()])
+            pools = {d: t.requests.request_id[req_dom == d] for d in DS_DOMAINS}
+            rows_of = {}
+            order = np.argsort(t.tokens.request_id, kind="stable")
+            rs = t.tokens.request_id[order]
+            wins = []
+            for mix in MIXES:
+                take = [rng.choice(pools[d], int(round(1000 * m)), replace=False) for d, m in
+                        zip(DS_DOMAINS, mix, strict=True)]
+                rids = np.concatenate(take)
+                lo, hi = np.searchsorted(rs, rids, "left"), np.searchsorted(rs, rids, "right")
+                rows = np.concatenate([order[a:b] for a, b in zip(lo, hi, strict=True)])
+                rows_of[mix] = rows[ph[rows]]
+                wins.append(layer_counts(ids[rows_of[mix]], E))
+            out.append(Dataset(f"reference-ds {phase} mix change", f"reference-ds {phase} load of 1,000-request "
+                               f"windows with (code, math, general) mixes {' -> '.join(map(str, MIXES))}",
+                               np.stack(wins),
+                               change="mix"))
+    rng = np.random.default_rng(seed)
+    L, E = DS_SHAPE[0], DS_SHAPE[1]
+    base = rng.normal(0.0, 1.0, (L, E))
+    wins = []
+    for _ in range(6):
+        p = np.exp(base + rng.normal(0.0, SYN_SHIFT, (L, E)))
+        p /= p.sum(axis=1, keepdims=True)
+        wins.append(np.stack([rng.multinomial(SYN_TOKENS * 8, row) for row in p]).astype(np.float64))
+    out.append(Dataset("SYNTHETIC DeepSeek-V3-shaped decode (58 x 256)", "SYNTHETIC: 58 layers x 256 experts, "
+                       f"log-normal popularity (sigma 1) perturbed per workload (sigma {SYN_SHIFT}), {SYN_TOKENS:,} "
+                       "tokens x top-8 per window, 6 workloads in turn", np.stack(wins), change="workload (synthetic)"))
     return out
 
 
@@ -159,20 +242,26 @@ def score(p2l: np.ndarray, load: np.ndarray, W: int) -> float:
     return mean_balancedness(ideal_gpu_load(p2l, load, W))
 
 
-def run_cell(ds: Dataset, nodes: int, gpus: int, R: int, groups: int) -> dict:
+def run_cell(ds: Dataset, nodes: int, gpus: int, R: int, groups: int,
+             engine_plans: dict[str, list[np.ndarray]] | None = None) -> dict:
+    """One cell: every variant planned on each pair's first window, scored on both. engine_plans: engine name ->
+    its phy2log [L, P] per pair (planned on the same windows by bench/engine_eplb.py), scored alike."""
     K, L, E = ds.loads.shape
     W, P = nodes * gpus, E + R
     fns = variants(E, P, W, nodes, groups)
     nxt = {v: [] for v in fns}
     same = {v: [] for v in fns}
-    for k in range(K - 1):
+    for i, (k, k2) in enumerate(ds.pair_list()):
         for v, fn in fns.items():
             p2l = np.asarray(fn(ds.loads[k]), np.int64)
-            nxt[v].append(score(p2l, ds.loads[k + 1], W))
+            nxt[v].append(score(p2l, ds.loads[k2], W))
             same[v].append(score(p2l, ds.loads[k], W))
+        for v, plans in (engine_plans or {}).items():
+            nxt.setdefault(v, []).append(score(plans[i], ds.loads[k2], W))
+            same.setdefault(v, []).append(score(plans[i], ds.loads[k], W))
     pub = np.array(nxt["published"])
     res = {}
-    for v in fns:
+    for v in nxt:
         n = np.array(nxt[v])
         res[v] = {"next_window": float(n.mean()), "same_window": float(np.mean(same[v])),
                   "next_per_pair": n.tolist(), "same_per_pair": [float(x) for x in same[v]],
@@ -180,8 +269,51 @@ def run_cell(ds: Dataset, nodes: int, gpus: int, R: int, groups: int) -> dict:
                   "pairs_at_least_published": int((n >= pub - 1e-12).sum()),
                   "worst_pair_minus_published": float((n - pub).min())}
     return {"dataset": ds.name, "cluster": f"{nodes}x{gpus}", "redundant": R, "slots": P,
-            "policy": "hierarchical" if groups > 1 else "global", "num_groups": groups, "pairs": K - 1,
+            "policy": "hierarchical" if groups > 1 else "global", "num_groups": groups,
+            "pairs": len(ds.pair_list()), "change": ds.change,
             "variants": res}
+
+
+ENGINES = ("vllm", "sglang")
+
+
+def engine_python(name: str) -> str | None:
+    """The python of the ``name`` engine venv (``MOEPLACE_<NAME>_PYTHON``, else ``.venv-<name>`` of this checkout
+    once scripts/interop_venvs.sh finished it), or None."""
+    env = os.environ.get(f"MOEPLACE_{name.upper()}_PYTHON")
+    if env:
+        return env if Path(env).is_file() else None
+    py = REPO / f".venv-{name}" / "bin" / "python"
+    return str(py) if py.is_file() and (REPO / f".venv-{name}" / ".moeplace-ok").is_file() else None
+
+
+def run_engines(jobs: list[tuple[np.ndarray, tuple[int, int, int, int]]]) -> tuple[dict, dict]:
+    """Every job (planning load [L, E], (slots, groups, nodes, GPUs)) planned by each engine whose venv is there,
+    with the engine's own EPLB code (bench/engine_eplb.py in a subprocess). Returns (engine -> list of phy2log
+    [L, P] in job order, engine -> meta: version, function, or why it is absent)."""
+    plans, meta = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        jf = Path(tmp) / "jobs.npz"
+        np.savez(jf, params=np.array([p for _, p in jobs], np.int64),
+                 **{f"load_{j}": x for j, (x, _) in enumerate(jobs)})
+        for name in ENGINES:
+            py = engine_python(name)
+            if py is None:
+                meta[name] = {"absent": f"no .venv-{name} (bash scripts/interop_venvs.sh . {name})"}
+                continue
+            of = Path(tmp) / f"{name}.npz"
+            p = subprocess.run([py, str(REPO / "bench" / "engine_eplb.py"), name, str(jf), str(of)],
+                               capture_output=True, text=True, timeout=3600,
+                               env={**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""})
+            if p.returncode != 0:
+                raise SystemExit(f"eplb_next_window: {name}'s EPLB failed:\n{p.stderr[-3000:]}")
+            with np.load(of, allow_pickle=False) as z:
+                plans[name] = [z[f"p2l_{j}"] for j in range(len(jobs))]
+                m = json.loads(str(z["meta"]))
+            meta[name] = {"version": m["version"], "function": m["function"], "python": py,
+                          "median_ms_per_job": median(m["seconds"]) * 1e3}
+            print(f"{name} {m['version']}: {len(jobs)} plans ({m['function']})", flush=True)
+    return plans, meta
 
 
 def plan_times(repeats: int) -> dict:
@@ -230,15 +362,20 @@ def compare(cells: list[dict], a: str, b: str, policy: str | None = None) -> dic
 
 
 def decide(comparisons: dict) -> dict:
-    """Defaults by next-window results: the refinement stays on only when it does not lower next-window
-    balancedness (pooled ratio >= 1); a replica cap becomes the default only when its interval lies above 1."""
+    """Defaults by next-window results: the refined packing becomes the default only when it lowers next-window
+    balancedness neither pooled nor under a workload change (the cells whose two windows are different
+    workloads: another domain, another mix); a replica cap becomes the default only when its interval lies above 1."""
     ref = comparisons["refined_vs_greedy"]["next_window"]
+    chg = comparisons["refined_vs_greedy_under_change"]["next_window"]
     caps = {k: v["next_window"] for k, v in comparisons.items() if "-cap" in k and k.startswith("refined")}
     better = [k for k, v in caps.items() if v["ci95"][0] > 1.0]
-    return {"refine": bool(ref["ratio"] >= 1.0), "refine_next_window_ratio": ref,
+    return {"refine": bool(ref["ratio"] >= 1.0 and chg["ratio"] >= 1.0), "packing":
+            "refined" if ref["ratio"] >= 1.0 and chg["ratio"] >= 1.0 else "greedy",
+            "refine_next_window_ratio": ref, "refine_under_change_ratio": chg,
             "max_replicas": better[0] if better else None,
-            "rule": "refinement on iff it does not lower pooled next-window balancedness vs the twin-free greedy; "
-                    "a cap only when its next-window interval vs the uncapped variant lies above 1"}
+            "rule": "refined packing by default iff it lowers neither pooled nor under-change next-window "
+                    "balancedness vs the twin-free greedy; a cap only when its next-window interval vs the uncapped "
+                    "variant lies above 1"}
 
 
 def main() -> int:
@@ -246,34 +383,65 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=8, help="windows per trace (pairs = windows - 1)")
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per variant at DeepSeek-V3 scale")
     ap.add_argument("--json", help="write here instead of bench/results/eplb_next_window.json")
+    ap.add_argument("--no-engines", action="store_true", help="leave out vLLM's and SGLang's own EPLB (their venvs)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     run = BenchRun("eplb_next_window", baseline="DeepSeek's EPLB as vLLM/SGLang ship it (bench/eplb_torch.py)")
     datasets: list[Dataset] = []
     for p in sorted(DATA.glob("*.trace")):
         datasets += trace_datasets(p, args.windows)
-    datasets += gpt_oss_datasets(args.windows) + olmoe_datasets()
-    cells = []
+    datasets += gpt_oss_datasets(args.windows) + olmoe_datasets() + deepseek_shaped_datasets()
+    todo = []  # (dataset, nodes, gpus, R, groups)
     for ds in datasets:
         E = ds.loads.shape[2]
         for nodes, gpus, R in CLUSTERS.get(E, ()):
             for groups in (1, 8):
                 if groups > 1 and (E % groups or groups % nodes):
                     continue
-                c = run_cell(ds, nodes, gpus, R, groups)
-                cells.append(c)
-                v = c["variants"]
-                print(f"{ds.name:58s} {c['cluster']:>4s} R={R:<3d} {c['policy']:12s} next: published "
-                      f"{v['published']['next_window']:.4f} greedy {v['greedy']['next_window']:.4f} refined "
-                      f"{v['refined']['next_window']:.4f}   same: greedy {v['greedy']['same_window']:.4f} "
-                      f"refined {v['refined']['same_window']:.4f}", flush=True)
+                todo.append((ds, nodes, gpus, R, groups))
+    jobs = [(ds.loads[k], (ds.loads.shape[2] + R, groups, nodes, nodes * gpus))
+            for ds, nodes, gpus, R, groups in todo for k, _ in ds.pair_list()]
+    eplans, engines = run_engines(jobs) if not args.no_engines else ({}, {"skipped": "--no-engines"})
+    cells, j0 = [], 0
+    for ds, nodes, gpus, R, groups in todo:
+        n = len(ds.pair_list())
+        c = run_cell(ds, nodes, gpus, R, groups, {e: p[j0:j0 + n] for e, p in eplans.items()})
+        j0 += n
+        cells.append(c)
+        v = c["variants"]
+        eng = " ".join(f"{e} {v[e]['next_window']:.4f}" for e in eplans)
+        print(f"{ds.name:58s} {c['cluster']:>4s} R={R:<3d} {c['policy']:12s} next: published "
+              f"{v['published']['next_window']:.4f} {eng} greedy {v['greedy']['next_window']:.4f} refined "
+              f"{v['refined']['next_window']:.4f}   same: greedy {v['greedy']['same_window']:.4f} "
+              f"refined {v['refined']['same_window']:.4f}", flush=True)
     names = sorted({v for c in cells for v in c["variants"]} - {"published"})
+    shifted = [c for c in cells if c["change"] != "time"]  # the two windows are different workloads
+    ds_shaped = [c for c in shifted if c["dataset"].startswith(("reference-ds ", "SYNTHETIC"))]
     summary = {v: pooled(cells, v) for v in names}
+    under_change = {v: pooled(shifted, v) for v in names}
+    deepseek_change = {v: pooled(ds_shaped, v) for v in names}
+
+    def vs(c: dict, a: str, b: str) -> dict | None:
+        return paired_ci(np.array(c["variants"][a]["next_per_pair"]), np.array(c["variants"][b]["next_per_pair"]))
+
+    per_cell = [{"dataset": c["dataset"], "cluster": c["cluster"], "policy": c["policy"], "change": c["change"],
+                 "next_window": {v: c["variants"][v]["next_window"] for v in c["variants"]},
+                 **{f"{a}_vs_{b}": vs(c, a, b) for a in ("greedy", "refined") for b in ("published", *eplans)}}
+                for c in cells]
     comparisons = {"refined_vs_greedy": compare(cells, "refined", "greedy"),
                    "greedy_vs_published": compare(cells, "greedy", "published"),
                    "refined_vs_published": compare(cells, "refined", "published")}
+    comparisons["refined_vs_greedy_under_change"] = compare(shifted, "refined", "greedy")
+    comparisons["refined_vs_greedy_deepseek_change"] = compare(ds_shaped, "refined", "greedy")
+    comparisons["greedy_vs_published_under_change"] = compare(shifted, "greedy", "published")
+    comparisons["refined_vs_published_under_change"] = compare(shifted, "refined", "published")
     for pol in ("global", "hierarchical"):
         comparisons[f"refined_vs_greedy_{pol}"] = compare(cells, "refined", "greedy", pol)
+    for e in eplans:
+        for v in ("greedy", "refined", "published"):
+            comparisons[f"{v}_vs_{e}"] = compare(cells, v, e)
+            comparisons[f"{v}_vs_{e}_under_change"] = compare(shifted, v, e)
+            comparisons[f"{v}_vs_{e}_deepseek_change"] = compare(ds_shaped, v, e)
     for c in CAPS:
         for base in ("greedy", "refined"):
             comparisons[f"{base}-cap{c}_vs_{base}"] = compare(cells, f"{base}-cap{c}", base)
@@ -282,7 +450,12 @@ def main() -> int:
         n = v["next_window"]
         print(f"{k:28s} next {n['ratio']:.5f} [{n['ci95'][0]:.5f}, {n['ci95'][1]:.5f}] same "
               f"{v['same_window']['ratio']:.5f}; at least on {v['next_cells_at_least']}/{v['cells']} cells")
-    print("defaults:", {k: v for k, v in decision.items() if k in ("refine", "max_replicas")})
+    print("defaults:", {k: v for k, v in decision.items() if k in ("packing", "max_replicas")})
+    for r in per_cell:
+        if r["change"] != "time":
+            print(f"{r['dataset']:50s} {r['policy']:12s} " + " ".join(
+                f"{k} {r[k]['ratio']:.4f} [{r[k]['ci95'][0]:.4f}, {r[k]['ci95'][1]:.4f}]"
+                for k in r if k.startswith("greedy_vs") and r[k]))
     times = plan_times(args.repeats)
     for v, s in summary.items():
         ci = s["next_vs_published"]
@@ -298,7 +471,10 @@ def main() -> int:
             "datasets": [{"name": d.name, "what": d.what, "windows": int(d.loads.shape[0]),
                           "layers": int(d.loads.shape[1]), "experts": int(d.loads.shape[2])} for d in datasets],
             "deepseek_v3_load_data": {"searched": str(SHARED), "found": deepseek_search()},
-            "results": {"cells": cells, "pooled": summary, "comparisons": comparisons, "defaults": decision,
+            "engines": engines,
+            "results": {"cells": cells, "pooled": summary, "under_change": under_change,
+                        "deepseek_change": deepseek_change, "per_cell": per_cell, "comparisons": comparisons,
+                        "defaults": decision,
                         "plan_time_ms": times}}
     run.write(body, args.json)
     return 0

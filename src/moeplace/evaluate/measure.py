@@ -76,10 +76,12 @@ def setup_of(dep: Deployment, full_only: bool) -> PhaseSetup:
 
 def baseline_variants(num_groups: int, cluster: Cluster) -> list[tuple[str, dict]]:
     """(name, eplb parameters) of the EPLB policies a phase can run: global, and hierarchical when the model has
-    expert groups that divide among the nodes (DeepSeek's EPLB condition ``num_groups % num_nodes == 0``)."""
-    out = [("eplb", {"num_groups": 1})]
+    expert groups that divide among the nodes (DeepSeek's EPLB condition ``num_groups % num_nodes == 0``).
+    Both with the refined packing: the held-out requests of a split come from the planning window's own mix (a
+    stationary next window), where it is the stronger EPLB (docs/PLANNER.md)."""
+    out = [("eplb", {"num_groups": 1, "packing": "refined"})]
     if num_groups > 1 and num_groups % cluster.num_nodes == 0:
-        out.append(("eplb-hierarchical", {"num_groups": num_groups}))
+        out.append(("eplb-hierarchical", {"num_groups": num_groups, "packing": "refined"}))
     return out
 
 

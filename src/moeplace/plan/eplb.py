@@ -28,6 +28,7 @@ from numba import njit
 
 from moeplace.placement import Cluster
 from moeplace.plan.base import StrategyResult, Workload, check_sizes
+from moeplace.plan.registry import DEFAULT_EPLB_PACKING
 
 
 def balanced_packing(weight: np.ndarray, num_packs: int, key: np.ndarray | None = None
@@ -294,16 +295,22 @@ def rebalance(load: np.ndarray, num_slots: int, num_groups: int, num_nodes: int,
     return rebalance_hierarchical(load, num_slots, 1, 1, num_gpus, refine, max_replicas)
 
 
-def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1) -> StrategyResult:
+def plan_eplb(work: Workload, cluster: Cluster, num_redundant: int, num_groups: int = 1,
+              packing: str = DEFAULT_EPLB_PACKING) -> StrategyResult:
     """Registry adapter: EPLB from the window's load [L, E]. ``num_groups``: the model's expert groups
-    (DeepSeek-V3: 8); the default 1 selects the global policy unless the cluster has one node."""
+    (DeepSeek-V3: 8); the default 1 selects the global policy unless the cluster has one node. ``packing``:
+    ``greedy`` (EPLB's greedy, twin-free; the default, as good as the engines' on the next window under a workload
+    change) or ``refined`` (then :func:`refine_packing`: better on a stationary next window, worse after a
+    change: docs/PLANNER.md, "EPLB chosen for the next window")."""
+    if packing not in ("greedy", "refined"):
+        raise ValueError(f"packing must be greedy or refined, got {packing!r}")
     P, _S = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1, got {num_groups}")
     if work.num_experts % num_groups:  # expert groups are equal blocks: a count that does not divide E is a mistake
         raise ValueError(f"num_groups={num_groups} (--groups) does not divide the {work.num_experts} experts (expert "
                          "groups are equal contiguous blocks, e.g. DeepSeek-V3's 8 groups of 32)")
-    phy2log = rebalance(work.load, P, num_groups, cluster.num_nodes, cluster.world_size)
+    phy2log = rebalance(work.load, P, num_groups, cluster.num_nodes, cluster.world_size, refine=packing == "refined")
     policy = "hierarchical" if num_groups % cluster.num_nodes == 0 and work.num_experts % num_groups == 0 \
         else "global"
-    return StrategyResult(phy2log, extra={"num_groups": num_groups, "policy": policy})
+    return StrategyResult(phy2log, extra={"num_groups": num_groups, "policy": policy, "packing": packing})

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 DEFAULT_PREFIX_TOKENS = 32  # a request without prefill uses its first N decode tokens as its grouping signal
 DEFAULT_BALANCE_FLOOR = 0.95  # joint, objective bytes: required balancedness on the planning window
 PENALTY = 4.0  # joint: sends one unit of load above the cap is worth (per layer, in sample units)
+DEFAULT_EPLB_PACKING = "greedy"  # eplb: chosen by bench/eplb_next_window.py under workload changes (PLANNER.md)
 DEFAULT_SEARCH_EVALS = 4_000  # joint: moves evaluated per layer over all local searches (work, not seconds)
 
 _RUNNER = re.compile(r"moeplace(\.\w+)+:\w+")
@@ -86,7 +87,10 @@ _ALL = (
     Strategy("round_robin", f"{_P}.linear:plan_round_robin", False, False, "expert e on GPU e % W"),
     Strategy("eplb", f"{_P}.eplb:plan_eplb", False, False, "DeepSeek EPLB: replicate hot experts, balanced packing",
              (Param("num_groups", int, 1, "the model's expert groups (DeepSeek-V3: 8); 1 = global policy", lo=1,
-                    hi=1 << 16),)),
+                    hi=1 << 16),
+              Param("packing", str, DEFAULT_EPLB_PACKING, "GPU packing: greedy (EPLB's, twin-free) or refined (then "
+                    "a swap local search: better on a stationary next window, worse under a workload change)",
+                    choices=("greedy", "refined")))),
     Strategy("activation-clusters", f"{_P}.activation_clusters:plan_activation_clusters", True, True,
              "published method: K-means request clusters -> nodes, experts to the node using them most",
              (SEED, ROUND, FIT,
