@@ -183,3 +183,15 @@ def test_deepseek_shaped_datasets_and_the_change_rule():
     assert B.decide(comps)["packing"] == "greedy"
     comps["refined_vs_greedy_under_change"] = {"next_window": up}
     assert B.decide(comps)["packing"] == "refined"
+
+
+def test_default_packing_is_the_committed_bench_decision():
+    """The eplb strategy's default packing is what bench/results/eplb_next_window.json decided (rerun the bench
+    and this test tells when the decision moved)."""
+    import json
+
+    from moeplace.plan.registry import DEFAULT_EPLB_PACKING
+
+    res = json.loads((REPO / "bench" / "results" / "eplb_next_window.json").read_text())
+    assert res["results"]["defaults"]["packing"] == DEFAULT_EPLB_PACKING
+    assert {"vllm", "sglang"} <= set(res["engines"]) and all("version" in res["engines"][e] for e in ("vllm", "sglang"))
