@@ -37,7 +37,11 @@ the busiest link / its bandwidth): the lower bound of the gain over the
 (``pay_back``): after a move, each window charges its saving (predicted time under the plan before the move minus
 under the plan in force, on the window's micro-batches) against the move's migration time; what is not yet paid back
 (``owed_s``) is added to ``C`` for the next move, and the ledger closes once the saving covers it. A stream whose mix
-changes before a move pays back so stops adding moves to an unpaid one. Window 0 has no earlier window to
+changes before a move pays back so stops adding moves to an unpaid one. The horizon a move is priced over is
+``horizon_steps`` only once the stream has shown that a re-fitted placement keeps its gain for
+``persistence_windows`` windows (:meth:`MoePlace.horizon`); before that, or when the gain fades sooner, it is the
+steps over which the gain persisted (the table-order replay, whose mix changes every 4 windows, so makes no move).
+Window 0 has no earlier window to
 score on: no move. On a stationary stream (the same requests shuffled) whose plan already fits the traffic, a
 re-fitted placement gains nothing beyond noise on a window it did not see, so nothing moves.
 """
@@ -56,6 +60,7 @@ if TYPE_CHECKING:  # numpy and the planner load when a policy decides: the CLI r
     from moeplace.placement import Cluster
 
 SGLANG_REBALANCE_STEPS = 1000  # SGLang's eplb_rebalance_num_iterations default (server_args.py)
+DEFAULT_PERSISTENCE_WINDOWS = 6  # moeplace: windows a re-fitted placement's gain must persist for the full horizon
 
 
 @dataclass
@@ -286,11 +291,49 @@ class MoePlace(Policy):
     margin: float = 1.0  # move only when the gain's lower bound over the horizon > margin x migration time
     chunk_layers: int = 0  # layers changed per decision at most (0: a quarter of the layers, at least 1)
     pay_back: bool = True  # a move must also pay what the earlier moves still owe (:meth:`settle`)
+    persistence_windows: int = DEFAULT_PERSISTENCE_WINDOWS  # K of :meth:`horizon` (0: always horizon_steps)
     last: dict = field(default_factory=dict)  # diagnostics of the last decision (JSON-able)
 
     def __post_init__(self) -> None:
         self._anchor: np.ndarray | None = None  # int [L, P]: the plan in force before the moves that still owe
         self.debt_s = 0.0  # their migration seconds minus the time they saved since (predicted; 0 without pay_back)
+        self._past: list[np.ndarray] = []  # the recent-load estimates before each of the last K windows, newest first
+
+    def horizon(self, obs: Observation, state: PolicyState, ctx: Context) -> tuple[int, list[float]]:
+        """(steps a move is trusted to stay useful, the persistence curve g_k in seconds): how long a placement
+        fitted to the recent load keeps its gain, measured on the newest window. For each of the last K =
+        ``persistence_windows`` estimates of the recent load (the EMA before window w, w - 1, ..., w - K + 1),
+        re-place EPLB on it (matched to the plan in force) and predict the newest window: g_k = time under the plan
+        in force minus under that placement. With ``rel_k = clip(g_k / g_1, 0, 1)`` the gain has persisted
+        ``sum_k rel_k`` windows of what the history shows; while the history is shorter than K, or when the gain
+        has faded by lag K (``rel_K < 1/2``), the horizon is that many windows of the newest window's steps (at
+        most ``horizon_steps``), else ``horizon_steps``. A mix that changes every few windows so never prices a
+        move as if it stayed 1,000 steps; a slow drift, or the linear placement on a stationary stream, gets the
+        full horizon once K windows have shown the gain. ``g_1 <= 0``: nothing to gain, the full horizon (the
+        evidence test rejects the move anyway)."""
+        import numpy as np
+
+        from moeplace.operate.migration import match_gpus
+
+        K = self.persistence_windows
+        if K <= 0:
+            return self.horizon_steps, []
+        if obs.window == 0:
+            self._past = []
+        if state.ema_before is not None:
+            self._past.insert(0, np.array(state.ema_before))
+            del self._past[K:]
+        if not self._past:
+            return self.horizon_steps, []
+        W = ctx.cluster.world_size
+        base = float(obs.layer_time_mb.sum())
+        g = [base - float(obs.predict_mb(match_gpus(state.phy2log, eplb_map(x, ctx), W)).sum()) for x in self._past]
+        if g[0] <= 0:
+            return self.horizon_steps, g
+        rel = np.clip(np.array(g) / g[0], 0.0, 1.0)
+        if len(self._past) >= K and rel[-1] >= 0.5:
+            return self.horizon_steps, g
+        return max(1, min(self.horizon_steps, int(obs.steps * rel.sum()))), g
 
     def settle(self, obs: Observation) -> None:
         """Charge the newest window's saving to the moves that still owe: the predicted time of its micro-batches
@@ -311,6 +354,7 @@ class MoePlace(Policy):
         self.last = {"window": obs.window, "layers": []}
         if self.pay_back:
             self.settle(obs)
+        H, curve = self.horizon(obs, state, ctx)
         if state.ema_before is None:
             self.last["reason"] = "no earlier window to build a candidate from"
             return None
@@ -318,7 +362,7 @@ class MoePlace(Policy):
         L = cur.shape[0]
         scored = self.candidates(cur, state.ema_before, ctx)  # built without the newest window: scored on it
         deploy = self.candidates(cur, state.ema_load, ctx)  # the same construction with it: what would move
-        scale = self.horizon_steps / max(obs.steps, 1)
+        scale = H / max(obs.steps, 1)
         best_net = np.zeros(L)
         best = np.full(L, "", dtype=object)
         mb = {}  # candidate -> float [B, L] on the newest window
@@ -343,14 +387,14 @@ class MoePlace(Policy):
             for li in layers:
                 sc[li], new[li] = scored[best[li]][li], deploy[best[li]][li]
                 sc_mb[:, li] = mb[best[li]][:, li]
-            e = gain_evidence(obs, cur, sc, new, ctx, self.horizon_steps, self.margin, sc_mb, self.debt_s)
+            e = gain_evidence(obs, cur, sc, new, ctx, H, self.margin, sc_mb, self.debt_s)
             if e.moves and (ev is None or e.horizon_gain_lo_s - e.cost_s > ev.horizon_gain_lo_s - ev.cost_s):
                 chosen, ev = layers, e
         self.last = {"window": obs.window, "layers": sorted(chosen),
                      "candidates": {str(li): str(best[li]) for li in chosen},
                      "predicted_net_seconds": float(best_net[chosen].sum()) if chosen else 0.0,
                      "considered_layers": len(order), "evidence": ev.to_json() if ev else None,
-                     "owed_s": self.debt_s,
+                     "owed_s": self.debt_s, "horizon_steps": H, "persistence_s": curve,
                      "reason": "the gain's lower bound pays" if chosen else
                      ("no layer gains on the newest window" if not order else
                       "the gain's lower bound does not pay for the migration")}
@@ -404,7 +448,10 @@ _ALL = (
                "pays", MoePlace,
                (HORIZON_STEPS, MARGIN,
                 Param("chunk_layers", int, 0, "layers changed per decision at most (0: a quarter of the layers)",
-                      0, 1 << 20)), (("pay_back", True),)),
+                      0, 1 << 20),
+                Param("persistence_windows", int, DEFAULT_PERSISTENCE_WINDOWS, "windows of history over which a "
+                      "re-fitted placement's gain must persist before a move is priced over horizon_steps (0: "
+                      "always horizon_steps)", 0, 1 << 10)), (("pay_back", True),)),
 )
 POLICIES: dict[str, PolicySpec] = {s.name: s for s in _ALL}
 
