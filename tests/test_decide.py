@@ -41,6 +41,35 @@ def test_evidence_microbatches_follow_the_rules_by_loops():
         assert got[t] == (want if want < n_dec // 9 else -1)
 
 
+def test_under_decode_windows_the_evidence_batches_as_serving_does_by_loops():
+    """Windows of up to decode_rows consecutive requests in arrival order; micro-batch (w, j) is the j-th decode
+    row of every request of window w, tails included; ids dense in (window, step) order; prefill unchanged."""
+    rng = np.random.default_rng(5)
+    tr = np.sort(rng.integers(0, 11, 300))
+    pre = np.zeros(300, bool)
+    for r in range(11):
+        rows = np.flatnonzero(tr == r)
+        pre[rows[: len(rows) // 3]] = True
+    dec = ~pre
+    arrival = rng.permutation(11)
+    got, sizes = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=20, decode_rows=4, decode_windows=True)
+    old, _ = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=20, decode_rows=4)
+    assert (got[pre] == old[pre]).all()
+    assert sizes["decode"] == 4
+    rank = {int(r): i for i, r in enumerate(arrival)}
+    key = {}
+    for t in range(300):
+        if dec[t]:
+            j = sum(1 for u in range(t) if dec[u] and tr[u] == tr[t])
+            key[t] = (rank[int(tr[t])] // 4, j)
+    dense = {k: i for i, k in enumerate(sorted(set(key.values())))}
+    for t, k in key.items():
+        assert got[t] == dense[k]
+    # a fold with fewer requests than a window forms one window of all of them
+    _, few = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=20, decode_rows=64, decode_windows=True)
+    assert few["decode"] == 11
+
+
 def folds(rng, mean, sd, n=(12, 12)):
     return [np.maximum(mean + sd * rng.standard_normal(k), 1e-6) for k in n]
 
