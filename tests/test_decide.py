@@ -9,15 +9,20 @@ import pytest
 from moeplace.plan.decide import decide, evidence_microbatches
 
 
+def fold_rows(seed: int, rows: int, requests: int, prompt_share: int):
+    """(token_request [rows] sorted, prefill [rows]: the first 1/prompt_share of each request's rows, decode: the
+    others, arrival: a permutation of the requests)."""
+    rng = np.random.default_rng(seed)
+    tr = np.sort(rng.integers(0, requests, rows))
+    pre = np.zeros(rows, bool)
+    for r in range(requests):
+        at = np.flatnonzero(tr == r)
+        pre[at[: len(at) // prompt_share]] = True
+    return tr, pre, ~pre, rng.permutation(requests)
+
+
 def test_evidence_microbatches_follow_the_rules_by_loops():
-    rng = np.random.default_rng(3)
-    tr = np.sort(rng.integers(0, 7, 200))
-    pre = np.zeros(200, bool)
-    for r in range(7):
-        rows = np.flatnonzero(tr == r)
-        pre[rows[: len(rows) // 4]] = True
-    dec = ~pre
-    arrival = rng.permutation(7)
+    tr, pre, dec, arrival = fold_rows(3, 200, 7, 4)
     got, sizes = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=1000, decode_rows=9, min_microbatches=4)
     n_pre, n_dec = int(pre.sum()), int(dec.sum())
     assert sizes == {"prefill": min(1000, n_pre // 4), "decode": 9}
@@ -44,14 +49,7 @@ def test_evidence_microbatches_follow_the_rules_by_loops():
 def test_under_decode_windows_the_evidence_batches_as_serving_does_by_loops():
     """Windows of up to decode_rows consecutive requests in arrival order; micro-batch (w, j) is the j-th decode
     row of every request of window w, tails included; ids dense in (window, step) order; prefill unchanged."""
-    rng = np.random.default_rng(5)
-    tr = np.sort(rng.integers(0, 11, 300))
-    pre = np.zeros(300, bool)
-    for r in range(11):
-        rows = np.flatnonzero(tr == r)
-        pre[rows[: len(rows) // 3]] = True
-    dec = ~pre
-    arrival = rng.permutation(11)
+    tr, pre, dec, arrival = fold_rows(5, 300, 11, 3)
     got, sizes = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=20, decode_rows=4, decode_windows=True)
     old, _ = evidence_microbatches(tr, pre, dec, arrival, prefill_tokens=20, decode_rows=4)
     assert (got[pre] == old[pre]).all()

@@ -241,6 +241,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     sizes: dict[str, int] = {}
     full = {"prefill": int(prefill_tokens), "decode": int(decode_running or decode_batch)}
     undersized: set[str] = set()  # phases whose evidence in some fold is below the deployment's micro-batch
+    windows = decode_running is None  # decode served in windows of decode_batch requests, not continuous batching
     baselines = [f"{name}/{r}" for name, _ in variants for r in base_rules]
     for f in range(F):
         train, test = np.sort(np.concatenate([folds[g] for g in range(F) if g != f])), folds[f]
@@ -256,10 +257,9 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         dec = ~work.admission_rows[sel] & ~pre
         arrival = np.random.default_rng([seed, 7, f]).permutation(len(test))
         mb, sizes = evidence_microbatches(tr, pre & ("prefill" in weigh), dec & ("decode" in weigh), arrival,
-                                          full["prefill"], full["decode"], decode_windows=decode_running is None)
+                                          full["prefill"], full["decode"], decode_windows=windows)
         # under decode windows a window is up to decode_batch requests (serving forms the last from what remains):
         # a fold with fewer forms one window of them, as a held-out window of fewer requests is scored
-        windows = decode_running is None
         undersized |= {ph for ph, n in sizes.items() if n < full[ph] and not (ph == "decode" and windows)}
         # homes of the test requests as serving gives them to a new set of requests (the held-out window's rule):
         # round-robin in arrival order, or the grouper's balanced rounds in arrival order
