@@ -3,6 +3,7 @@ and checks every number from the result files).
 
 Usage:
   python scripts/plan_time_table.py plan_time_decode plan_time_prefill_ds ...   # names under bench/results/
+  python scripts/plan_time_table.py --split plan_time_decode ...   # where the time goes (multi-node settings)
 
 One row per (workload, profile, phase) that the data fills: the pool it ran on (and the profile's own size), the
 tokens of a full micro-batch, the strongest baseline and its layer time, the room the balanced bound leaves below
@@ -76,5 +77,33 @@ def table(names: list[str]) -> str:
     return out
 
 
+def split_table(names: list[str]) -> str:
+    """Where the layer time goes, per multi-node setting: dispatch, expert and combine (µs per layer per
+    micro-batch) and the inter-node imbalance (busiest GPU's inter-node sends over their mean per GPU) of the
+    strongest baseline and of joint. Settings on one node (no inter-node sends) and result files from before
+    the split are left out."""
+    head = ("| workload | phase | profile | pool | strongest baseline: dispatch / expert / combine us "
+            "| its inter-node imbalance | joint: dispatch / expert / combine us | joint's inter-node imbalance |")
+    lines = [head, "|" + "---|" * 8]
+    for name in names:
+        d = json.loads((RESULTS / f"{name}.json").read_text())
+        for key, r in d["results"].items():
+            j = r["strategies"].get("joint")
+            if not j or not j.get("time_split") or j["time_split"].get("inter_imbalance") is None:
+                continue
+            cells = [r["workload"], r["phase"], r["profile"], r["cluster"]]
+            for who in ("baseline_time_split", "time_split"):
+                p = f"results/{key}/strategies/joint/{who}"
+                cells.append(" / ".join(fig(name, f"{p}/{part}_s", ".0f", j[who][f"{part}_s"], 1e6)
+                                        for part in ("dispatch", "expert", "combine")))
+                cells.append(fig(name, f"{p}/inter_imbalance", ".2f", j[who]["inter_imbalance"]) + "x")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(table(sys.argv[1:]))
+    args = sys.argv[1:]
+    if args[:1] == ["--split"]:
+        print(split_table(args[1:]))
+    else:
+        print(table(args))

@@ -532,6 +532,8 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
                 mflop = sum(pairs_on_gpu) / W * pair_seconds
                 mb_row.setdefault("bound_balanced_time", []).append(layer_of(kernel, mi, me, mact, mflop, *args))
                 mb_row.setdefault("bound_local_time", []).append(layer_of(kernel, mi, 0.0, mact, mflop, *args))
+                mb_row.setdefault("busiest_inter_sends", []).append(be)  # the chosen kernel's busiest GPU
+                mb_row.setdefault("mean_inter_sends", []).append(me)  # and its inter-node sends per GPU
                 demand = [0] * trace.meta.num_experts
                 for t in rows:
                     for k in range(K):
@@ -545,12 +547,13 @@ def spec_simulate(trace: Trace, plan: Plan, *, rule: str, hidden: int, dispatch_
             f"{m}.{c}" for m in MODES for c in ("comm_time", "comm_time_padded")] + ["compute_time", "pairs",
                                                                                      "max_load"]
         names += ["max_active", "memory_time", "expert_time", "dispatch_time", "combine_time", "layer_time",
-                  "bound_balanced_time", "bound_local_time", "bound_reachable_time"]
+                  "bound_balanced_time", "bound_local_time", "bound_reachable_time", "busiest_inter_sends",
+                  "mean_inter_sends"]
         names += [f"per_pair.{c}" for c in ("intra_node_sends", "inter_node_sends", "busiest_intra", "busiest_inter")]
         names += [f"{k}.{c}" for k in KERNEL_SENDS for c in ("dispatch_time", "combine_time")]
         per_microbatch = {}
         for n in names:
-            floats = "time" in n
+            floats = "time" in n or n == "mean_inter_sends"
             per_microbatch[n] = (np.array(per_mb[n], float if floats else np.int64) if keys
                                  else np.zeros((0, L), float if floats else np.int64))
         out[name] = {

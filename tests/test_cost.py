@@ -98,6 +98,9 @@ def test_each_kernel_mode_by_hand():
     # the same tokens as a decode step: auto = deepep-ll
     d = run(hbm_bw=200.0, phase=1)
     assert d["layer_time"] == [[pytest.approx(2 * DEEPEP_LL_ALPHA + 10 + 2 * 30 / ib + 6.5 + 2 * 20 / ib)]]
+    # the chosen kernel's inter-node sends: busiest GPU and mean per GPU (total / W, W = 4)
+    assert m["busiest_inter_sends"] == [[1]] and m["mean_inter_sends"] == [[pytest.approx(2 / 4)]]  # two-hop
+    assert d["busiest_inter_sends"] == [[2]] and d["mean_inter_sends"] == [[pytest.approx(3 / 4)]]  # per pair
     # an explicit mode wins over auto
     assert run(hbm_bw=200.0, mode="nccl")["layer_time"] == [[pytest.approx(7.8 + 6.5 + 9.0)]]
 

@@ -42,6 +42,25 @@ def test_phase_block_by_hand():
     assert phase_block([{"base": s([]), "p": s([])}], "p", "base") is None  # nothing scored: absent
 
 
+def test_time_split_by_hand():
+    # two micro-batches: dispatch 1 and 3, expert 4 and 4, combine 2 and 2 -> means 2, 4, 2; inter-node sends of
+    # the busiest GPU 6 and 2 against means per GPU 2 and 2 -> (6 + 2) / (2 + 2) = 2
+    def parts(layer, d, m, c, busy, mean):
+        p = s(layer)
+        p.split = {"dispatch": np.asarray(d, float), "expert": np.asarray(m, float), "combine": np.asarray(c, float)}
+        p.inter_busiest, p.inter_mean = np.asarray(busy, float), np.asarray(mean, float)
+        return p
+    seeds = [{"base": parts([7, 9], [1, 3], [4, 4], [2, 2], [6, 2], [2, 2]),
+              "p": parts([6, 6], [1, 1], [4, 4], [1, 1], [2, 2], [2, 2])}]
+    b = phase_block(seeds, "base", "base")
+    assert b["time_split"] == {"dispatch_s": 2.0, "expert_s": 4.0, "combine_s": 2.0, "inter_imbalance": 2.0}
+    assert phase_block(seeds, "p", "base")["time_split"]["inter_imbalance"] == 1.0  # every GPU moves the same
+    assert phase_block(seeds, "p", "base")["baseline_time_split"] == b["time_split"]
+    one = parts([1], [0], [1], [0], [0], [0])  # one node: no inter-node sends, no ratio
+    assert phase_block([{"b": one}], "b", "b")["time_split"]["inter_imbalance"] is None
+    assert phase_block([{"b": s([1])}], "b", "b")["time_split"] is None  # not recorded: not made up
+
+
 def test_hierarchical_eplb_only_where_groups_divide_among_nodes():
     assert [n for n, _ in baseline_variants(8, Cluster(4, 8))] == ["eplb", "eplb-hierarchical"]
     assert [n for n, _ in baseline_variants(8, Cluster(3, 8))] == ["eplb"]
@@ -97,6 +116,9 @@ def test_compare_json_measured_block(small_profile_compare):
                               "bound_local_s", "gap_closed"}
             assert b["ci95"][0] <= b["ratio_to_baseline"] <= b["ci95"][1]
             assert b["bound_local_s"] <= b["bound_balanced_s"] <= b["layer_time_s"]
+            ts = b["time_split"]  # no overlap in this profile: a layer is dispatch + expert + combine
+            assert ts["dispatch_s"] + ts["expert_s"] + ts["combine_s"] == pytest.approx(b["layer_time_s"])
+            assert ts["inter_imbalance"] is None  # one node
             full = sum(r["microbatch_counts"][ph]["full"])
             assert b["microbatches"] == full >= 20  # only full micro-batches are scored, all seeds together
             base = r["baseline_candidates"][ph][r["baseline"][ph]]

@@ -132,6 +132,12 @@ class PhaseSamples:
     bound_local: np.ndarray
     inter_node_bytes: np.ndarray | None = None  # inter-node bytes of each micro-batch, all layers (per-GPU dedup)
     bound_reachable: np.ndarray | None = None  # the reachable bound (any placement the slots allow; plan-free)
+    split: dict[str, np.ndarray] | None = None  # "dispatch", "expert", "combine": seconds [B_s] (mean over layers)
+    inter_busiest: np.ndarray | None = None  # inter-node sends of the busiest GPU, summed over layers [B_s]
+    inter_mean: np.ndarray | None = None  # inter-node sends per GPU on average, summed over layers [B_s]
+
+
+SPLIT_PARTS = ("dispatch", "expert", "combine")  # where a layer's time goes (the kernel time model's three terms)
 
 
 def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
@@ -139,8 +145,30 @@ def samples(res: PhaseResult, mask: np.ndarray) -> PhaseSamples:
     of one phase result."""
     reach = (res.layer_times("bound_reachable_time")[mask] if "bound_reachable_time" in res.per_microbatch
              else None)
+    pm = res.per_microbatch
+    split = ({p: res.layer_times(f"{p}_time")[mask] for p in SPLIT_PARTS}
+             if all(f"{p}_time" in pm for p in SPLIT_PARTS) else None)
+    inter = ("busiest_inter_sends" in pm and "mean_inter_sends" in pm)
     return PhaseSamples(res.layer_times()[mask], res.layer_times("bound_balanced_time")[mask],
-                        res.layer_times("bound_local_time")[mask], res.bytes_per_microbatch().sum(1)[mask], reach)
+                        res.layer_times("bound_local_time")[mask], res.bytes_per_microbatch().sum(1)[mask], reach,
+                        split,
+                        np.asarray(pm["busiest_inter_sends"], np.float64).sum(1)[mask] if inter else None,
+                        np.asarray(pm["mean_inter_sends"], np.float64).sum(1)[mask] if inter else None)
+
+
+def time_split(plan: list[PhaseSamples]) -> dict | None:
+    """Where one strategy's layer time goes, pooled over seeds: the mean seconds per micro-batch of each of
+    :data:`SPLIT_PARTS`, and ``inter_imbalance``, the busiest GPU's inter-node sends over their mean per GPU
+    (sums over the scored micro-batches and layers; 1 = every GPU moves the same, None without inter-node
+    sends). The balanced bound replaces the busiest by the mean, so this ratio is how far the links are from it."""
+    if any(p.split is None for p in plan):
+        return None
+    n = sum(len(p.layer) for p in plan)
+    out: dict = {f"{k}_s": float(sum(p.split[k].sum() for p in plan) / n) for k in SPLIT_PARTS}
+    mean = sum(float(p.inter_mean.sum()) for p in plan if p.inter_mean is not None)
+    busy = sum(float(p.inter_busiest.sum()) for p in plan if p.inter_busiest is not None)
+    out["inter_imbalance"] = busy / mean if mean > 0 else None
+    return out
 
 
 def score_on(plan: Plan, windows: Windows, setup: PhaseSetup, rule: str | None = None,
@@ -267,7 +295,8 @@ def phase_block(per_seed: list[dict[str, PhaseSamples]], strategy: str, baseline
             "seeds": ci.seeds, "decided": ci.decided, "bound_balanced_s": bal, "bound_local_s": loc,
             "bound_reachable_s": reach, "baseline_layer_time_s": bmean,
             "gap_closed": (bmean - mean) / room if room > 0 else None,
-            "gap_closed_reachable": (bmean - mean) / rroom if rroom is not None and rroom > 0 else None}
+            "gap_closed_reachable": (bmean - mean) / rroom if rroom is not None and rroom > 0 else None,
+            "time_split": time_split(plan), "baseline_time_split": time_split(base)}
 
 
 def strongest_baseline(per_seed: list[dict[str, PhaseSamples]]) -> tuple[str | None, dict[str, float]]:

@@ -115,7 +115,8 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     and terms, also the kernel time model: ``max_active``, ``per_pair.{name}``, ``memory_time``, ``expert_time``,
     ``{kernel}.dispatch_time`` / ``{kernel}.combine_time`` for every kernel, and ``dispatch_time``,
     ``combine_time``, ``layer_time`` of the kernel ``terms`` chooses for ``phase``, with its ideal bounds
-    ``bound_balanced_time`` and ``bound_local_time``.
+    ``bound_balanced_time`` and ``bound_local_time``, and that kernel's inter-node sends of the busiest GPU
+    (``busiest_inter_sends``, the larger of sent and received) and per GPU on average (``mean_inter_sends``).
     """
     W, G = cluster.world_size, cluster.gpus_per_node
     out: dict[str, np.ndarray] = {}
@@ -159,6 +160,7 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
     d, c, m = out[f"{k}.dispatch_time"], out[f"{k}.combine_time"], out["expert_time"]
     out["dispatch_time"], out["combine_time"] = d, c
     bi, be = busiest[km.sends]
+    out["busiest_inter_sends"] = np.asarray(be, np.int64)  # the busiest GPU's inter-node sends (sent or received)
     out["layer_time"] = _layer_seconds(km, terms, k, bi, be, out["max_active"], out["compute_time"], any_pairs,
                                        cluster, (d, m, c))
     # The ideal bound (docs/SIMULATOR.md, "Bounds"), same plan and traffic: *balanced* replaces every busiest-GPU
@@ -168,6 +170,7 @@ def microbatch_metrics(counts: dict[str, np.ndarray], load: np.ndarray, cluster:
              "two_hop": (counts["two_hop"][..., 1], counts["two_hop"][..., 2]),
              "per_pair": (pair_counts[..., 0], pair_counts[..., 1])}
     ti, te = (np.asarray(x, np.float64) / max(W, 1) for x in total[km.sends])
+    out["mean_inter_sends"] = te  # inter-node sends per GPU, their mean (total / W): the balanced bound's figure
     mean_active = active.mean(-1) if W else np.zeros(load.shape[:-1])
     mean_flop = (load.mean(-1) if W else np.zeros(load.shape[:-1])) * pair_seconds
     out["bound_balanced_time"] = _layer_seconds(km, terms, k, ti, te, mean_active, mean_flop, any_pairs, cluster)
