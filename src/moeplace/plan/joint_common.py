@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from moeplace.placement.grouper import Grouper, assign_rounds, normalise_rows
-from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load
+from moeplace.plan.activation_clusters import fill_node_slots, pack_by_use
 from moeplace.plan.base import Workload, request_expert_counts
 
 MAX_FEATURE_DIM = 4096  # grouping features use evenly spaced layers beyond this many (layer, expert) entries
@@ -49,7 +49,7 @@ def initial_placement(use_node: np.ndarray, num_slots: int, gpus_per_node: int) 
             held[n].append(int(e))
         out[layer] = np.asarray([fill_node_slots(held[n], u[n], per_node, gpus_per_node) for n in range(N)])
     p2l = out.reshape(L, P)
-    return pack_within_nodes(p2l, replica_load(p2l, use_node, N), N, gpus_per_node)
+    return pack_by_use(p2l, use_node, N, gpus_per_node)
 
 
 def feature_layers(num_layers: int, num_experts: int, max_dim: int = MAX_FEATURE_DIM) -> list[int] | None:

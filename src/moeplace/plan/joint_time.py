@@ -39,7 +39,7 @@ import numpy as np
 
 from moeplace.placement import Cluster, CostModel, Fallback
 from moeplace.placement.grouper import DEFAULT_ROUND, Grouper
-from moeplace.plan.activation_clusters import fill_node_slots, pack_within_nodes, replica_load, usage_weights
+from moeplace.plan.activation_clusters import fill_node_slots, pack_by_use, usage_weights
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
 from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
@@ -89,7 +89,7 @@ def affinity_with_counts(use_node: np.ndarray, replica_count: np.ndarray, num_sl
         for n in range(N):
             out[layer, n] = fill_node_slots(held[n], u[n], per_node, G)
     p2l = out.reshape(L, P)
-    return pack_within_nodes(p2l, replica_load(p2l, use_node, N), N, G)
+    return pack_by_use(p2l, use_node, N, G)
 
 
 def node_use(token_request: np.ndarray, ids: np.ndarray, homes: np.ndarray, num_nodes: int, gpus_per_node: int,
