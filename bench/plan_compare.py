@@ -169,7 +169,16 @@ def run_clusters(args: argparse.Namespace, engine) -> int:
     if "linear" not in names:  # the bytes ratio's denominator
         names.insert(0, "linear")
     params = {"objective": "bytes"}  # this bench measures bytes under the floor (see the module docstring)
-    params.update({k: json.loads(v) for k, v in (p.split("=", 1) for p in args.param)})  # 64 -> int, 0.3 -> float
+    for p in args.param:  # 64 -> int, 0.3 -> float, '"time"' -> str
+        k, eq, v = p.partition("=")
+        try:
+            params[k] = json.loads(v) if eq else None
+        except json.JSONDecodeError:
+            params[k] = None
+        if not eq or params[k] is None:
+            print(f"plan_compare: --param {p!r}: expected KEY=VALUE with a JSON value (a string in double quotes, "
+                  "e.g. objective='\"time\"')", file=sys.stderr)
+            return 2
     seeds = list(range(args.seeds))
     for spec in args.clusters.split(","):  # one result file per cluster: each a run of its own
         run = BenchRun("plan_compare", baseline="bytes: the linear placement with round-robin homes; layer time: the "
