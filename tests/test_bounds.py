@@ -177,3 +177,25 @@ def test_local_pairs_curve_takes_the_largest_gains_first():
     np.testing.assert_array_equal(local_pairs_curve(d, 2, 2, 2), [6, 8, 8])
     # three units of cap 1: expert 0 (3 pairs) gains 1 and 1, expert 1 (2 pairs) gains 1
     np.testing.assert_array_equal(local_pairs_curve(np.array([3, 2, 0]), 1, 3, 4), [2, 3, 4, 5, 5])
+
+
+def test_a_planner_can_leave_the_bound_out_and_gets_the_same_times():
+    # simulate_rows(bound=False), what joint scores its candidates with, drops only the bound's column
+    from moeplace.simulate.simulator import simulate_rows
+
+    rng = np.random.default_rng(5)
+    T, L, K, E = 96, 2, 2, 6
+    ids = np.stack([np.stack([rng.choice(E, K, replace=False) for _ in range(L)]) for _ in range(T)])
+    home, mb = rng.integers(0, 4, T), np.arange(T) // 16
+    p2l = np.stack([rng.permutation(np.r_[np.arange(E), rng.choice(E, 2, replace=False)]) for _ in range(L)])
+    cost = CostConfig(hidden_size=1024)
+    for rule in ("nearest-least-loaded", "balanced"):
+        umb, full = simulate_rows(ids, home, mb, "decode", p2l, Cluster(2, 2), cost, rule=rule, num_experts=E)
+        umb2, lean = simulate_rows(ids, home, mb, "decode", p2l, Cluster(2, 2), cost, rule=rule, num_experts=E,
+                                   bound=False)
+        assert "bound_reachable_time" in full and "bound_reachable_time" not in lean
+        assert set(full) - set(lean) == {"bound_reachable_time"}
+        np.testing.assert_array_equal(umb, umb2)
+        for k in lean:
+            np.testing.assert_array_equal(full[k], lean[k])
+        assert (full["bound_reachable_time"] > 0).all()

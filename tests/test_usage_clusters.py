@@ -105,3 +105,17 @@ def test_joint_times_usage_grouped_candidates_where_decode_is_weighed_and_deploy
     assert agreement(plan.grouper.assign(counts) // 2, truth) >= 0.95  # node = rank // gpus_per_node
     pre = make_plan("joint", work, Cluster(2, 2), 4, hidden_size=7168, phases="prefill")
     assert not any(c.startswith("usage-") for c in pre.extra["decision"]["candidates"])
+
+
+def test_ridge_solves_the_penalised_least_squares_on_either_side_of_square():
+    """_ridge's Gram-matrix forms against the normal equations (x^T x + lam I) W = x^T y, solved directly."""
+    from moeplace.plan.activation_clusters import _ridge
+
+    rng = np.random.default_rng(3)
+    for rows, dims in ((40, 70), (70, 40)):
+        x, y = rng.normal(size=(rows, dims)), rng.normal(size=(rows, 3))
+        lams = (0.1, 1.0, 100.0)
+        for lam, w in zip(lams, _ridge(x, y, lams), strict=True):
+            ref = np.linalg.solve(x.T @ x + lam * np.eye(dims), x.T @ y)
+            assert w.shape == (dims, 3)
+            assert np.allclose(w, ref, rtol=1e-8, atol=1e-10)

@@ -292,10 +292,21 @@ RIDGE_GRID = (0.1, 1.0, 10.0, 100.0)  # ridge penalties usage_weights chooses fr
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, lams: tuple[float, ...]) -> list[np.ndarray]:
-    """float64 [D, C] per penalty: argmin_W |x W - y|^2 + lam |W|^2, from one thin SVD of x [R, D] (y [R, C])."""
-    u, s, vt = np.linalg.svd(np.asarray(x, np.float64), full_matrices=False)
-    uy = u.T @ y
-    return [vt.T @ ((s / (s * s + lam))[:, None] * uy) for lam in lams]
+    """float64 [D, C] per penalty: argmin_W |x W - y|^2 + lam |W|^2 for x [R, D], y [R, C] (lam > 0).
+
+    From one symmetric eigendecomposition of the smaller Gram matrix: with R <= D, x x^T = U diag(s2) U^T and
+    W = x^T U diag(1 / (s2 + lam)) U^T y (the kernel form); else x^T x = V diag(s2) V^T and
+    W = V diag(1 / (s2 + lam)) V^T x^T y. Both equal the thin-SVD solution V diag(s / (s^2 + lam)) U^T y; the
+    Gram matrix of a [512, 768] fold takes a tenth of the SVD's time (a sixth of joint's plan at reference-fg 4x8)."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    if x.shape[0] <= x.shape[1]:
+        s2, u = np.linalg.eigh(x @ x.T)
+        uy = u.T @ y
+        return [x.T @ (u @ (uy / (s2 + lam)[:, None])) for lam in lams]
+    s2, v = np.linalg.eigh(x.T @ x)
+    vxy = v.T @ (x.T @ y)
+    return [v @ (vxy / (s2 + lam)[:, None]) for lam in lams]
 
 
 def usage_weights(signal: np.ndarray, usage: np.ndarray, num_groups: int, seed: int = 0) -> tuple[np.ndarray, float]:

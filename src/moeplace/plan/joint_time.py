@@ -122,7 +122,7 @@ def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, p
     for i, (phase, m) in enumerate((("prefill", pre), ("decode", dec))):
         if m.any():
             _, met = simulate_rows(ids[m], h[m], mb[m], phase, phy2log, cluster, cost, model=work.model,
-                                   rule=rule, num_experts=work.num_experts)
+                                   rule=rule, num_experts=work.num_experts, bound=False)
             total[i] = met["layer_time"].sum(0)
     return total
 
@@ -270,8 +270,10 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         for by, g in g_f.items():
             test_grouped[by] = np.empty(len(test), np.int64)
             test_grouped[by][arrival] = g.assign_features(test_feats)
+        timed: dict[tuple, np.ndarray] = {}  # candidates that coincide (placement, homes, rule) are timed once
         for name, (p2l, homes) in cands.items():
             h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
+            same = (np.ascontiguousarray(p2l).tobytes(), np.ascontiguousarray(h).tobytes())
             for r in (base_rules if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
@@ -279,9 +281,12 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                     m = m & (mb >= 0)
                     t = np.zeros(0)
                     if m.any():
-                        _, met = simulate_rows(ids[m], h[m], mb[m], ph, p2l, cluster, cost, model=work.model,
-                                               rule=r, num_experts=E)
-                        t = met["layer_time"].mean(axis=1)
+                        key = (*same, r, ph)
+                        if key not in timed:
+                            _, met = simulate_rows(ids[m], h[m], mb[m], ph, p2l, cluster, cost, model=work.model,
+                                                   rule=r, num_experts=E, bound=False)
+                            timed[key] = met["layer_time"].mean(axis=1)
+                        t = timed[key]
                     times[ph].setdefault(f"{name}/{r}", []).append(t)
     times = {ph: v for ph, v in times.items() if sum(len(x) for x in next(iter(v.values()))) > 0}
     extra: dict = {"objective": "time", "seed": seed, "mode": mode, "hidden_size": hidden,

@@ -157,13 +157,15 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
 
 def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray,
                        phase: str, sends_pg: np.ndarray | None = None, node_sends: np.ndarray | None = None,
-                       local: np.ndarray | None = None, node_local: np.ndarray | None = None
-                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+                       local: np.ndarray | None = None, node_local: np.ndarray | None = None,
+                       bound: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Route complete micro-batches through the compiled kernel and the time model.
 
     ids: int [T, L, K]; rows: int [n] rows of ids to route (trace order); home, mb: int [n] their home GPU and
     micro-batch. Totals are added into sends_pg int64 [L, W, W], node_sends [L, W, N_n], local and node_local [L]
-    when given. Returns (micro-batch ids [B] sorted, loads int64 [B, L, W], metrics name -> [B, L]).
+    when given. Returns (micro-batch ids [B] sorted, loads int64 [B, L, W], metrics name -> [B, L]); with
+    ``bound=False`` the metrics leave out ``bound_reachable_time`` (a planner scoring candidates does not read it,
+    and it was a fifth of joint's plan time).
     """
     L = ctx.meta.num_layers
     order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
@@ -190,6 +192,10 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
                             active, pair_counts)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+    if not bound:
+        out = ctx.metrics(counts, loads, active, pair_counts, phase)
+        del out["bound_reachable_time"]
+        return umb, loads, out
     demand = expert_demand(ids, rows_o, starts, ctx.meta.num_experts)
     return umb, loads, ctx.metrics(counts, loads, active, pair_counts, phase, demand, cnt)
 
@@ -197,24 +203,26 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
 def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
                   phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str = "",
                   rule: str = DEFAULT_RULE, num_experts: int | None = None,
-                  replica_costs: ReplicaCosts | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  replica_costs: ReplicaCosts | None = None, bound: bool = True
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The simulator on array rows of one phase, for a planner scoring candidate placements on its window.
 
     expert_ids: int [T, L, K]; home: int [T] home GPU of each row; microbatch: int [T] its micro-batch (rows of one
     micro-batch are routed in row order); phase: "prefill" or "decode" (the kernel ``auto`` picks per phase);
     phy2log: int [L, P]; cost: needs ``hidden_size``. Returns (micro-batch ids [B], metrics name -> [B, L]) with
-    the same names as :attr:`PhaseResult.per_microbatch` (``layer_time`` is the kernel time model's).
+    the same names as :attr:`PhaseResult.per_microbatch` (``layer_time`` is the kernel time model's), less
+    ``bound_reachable_time`` when ``bound`` is False.
     """
     if not cost.hidden_size:
         raise ValueError("simulate_rows: CostConfig.hidden_size is required")
     umb, _, metrics = _route_rows(expert_ids, home, microbatch, phase, phy2log, cluster, cost, model, rule,
-                                  num_experts, replica_costs)
+                                  num_experts, replica_costs, bound)
     return umb, metrics
 
 
 def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
                 phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str, rule: str,
-                num_experts: int | None, replica_costs: ReplicaCosts | None
+                num_experts: int | None, replica_costs: ReplicaCosts | None, bound: bool = True
                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """:func:`route_microbatches` on array rows (all rows, in row order): the context from the arrays' shapes."""
     ids = np.asarray(expert_ids)
@@ -226,7 +234,7 @@ def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray
     plan = Plan(Placement(p2l, E, cluster.world_size), cluster)
     ctx = _make_ctx(meta, plan, cluster, cost, None, rule, 0, replica_costs)
     return route_microbatches(ctx, ids, np.arange(T), np.asarray(home, np.int64), np.asarray(microbatch, np.int64),
-                              phase)
+                              phase, bound=bound)
 
 
 # --------------------------------------------------------------------------------------------------- accumulation
@@ -629,5 +637,5 @@ def route_load(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray,
     for a planner that checks a candidate placement on array rows without building a trace.
     """
     _, loads, _ = _route_rows(expert_ids, home, microbatch, "decode", phy2log, cluster, CostConfig(hidden_size=1),
-                              "", rule, None, replica_costs)
+                              "", rule, None, replica_costs, bound=False)
     return loads.sum(0)
