@@ -192,12 +192,11 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
                             active, pair_counts)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {ctx.meta.num_experts})")
+    demand = expert_demand(ids, rows_o, starts, ctx.meta.num_experts) if bound else None
+    out = ctx.metrics(counts, loads, active, pair_counts, phase, demand, cnt)
     if not bound:
-        out = ctx.metrics(counts, loads, active, pair_counts, phase)
         del out["bound_reachable_time"]
-        return umb, loads, out
-    demand = expert_demand(ids, rows_o, starts, ctx.meta.num_experts)
-    return umb, loads, ctx.metrics(counts, loads, active, pair_counts, phase, demand, cnt)
+    return umb, loads, out
 
 
 def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
