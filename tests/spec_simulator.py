@@ -119,7 +119,7 @@ def choose_slot(rule: str, tier: list[int], home: int, pairs_on_gpu: list[int], 
     raise ValueError(f"unknown replica rule {rule!r}")
 
 
-BALANCED = ("balanced-local", "balanced")
+BALANCED = ("balanced-local", "balanced", "balanced-links")
 
 
 def locality_cost(home: int, g: int, G: int, intra_cost: float, inter_cost: float) -> float:
@@ -182,7 +182,11 @@ def check_balanced(rule: str, slots: list[list[int]], experts: list[list[int]], 
             cost += locality_cost(homes[t], g, G, intra_cost, inter_cost)
     if not options:
         return
-    if rule == "balanced-local":
+    if rule == "balanced-links":
+        # a refinement of a least-max-load assignment under load caps up to 4 steps of max(1, t // 40) above it
+        t_opt, _ = best_balance(options, pair_home, W, G, 0.0, 0.0)
+        assert t_opt <= max(loads) <= t_opt + 4 * max(1, int(t_opt) // 40), (max(loads), t_opt)
+    elif rule == "balanced-local":
         t_opt, c_opt = best_balance(options, pair_home, W, G, intra_cost, inter_cost)
         assert abs(max(loads) + cost - (t_opt + c_opt)) < 1e-6, (max(loads), cost, t_opt, c_opt)
     else:

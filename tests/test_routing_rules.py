@@ -243,3 +243,65 @@ def test_request_expert_counts_against_add_at():
     assert request_expert_counts(tr[:0], ids[:0], 40, 16).shape == (40, 3, 16)
     with pytest.raises(ValueError, match="out of range"):
         request_expert_counts(tr, np.where(ids == 3, 16, ids).astype(np.int16), 40, 16)
+
+
+def link_objective(gpus: np.ndarray, home: np.ndarray, node: np.ndarray, inter: float) -> tuple[float, int, int]:
+    """(max load + inter x max inter-node pairs, max load, max inter-node pairs) of an assignment, counted here:
+    gpus [T, K] serving GPU of each pair of tokens homed on home [T]; a GPU's inter-node pairs are the larger of
+    the pairs it serves for tokens of other nodes and the pairs of its own tokens served on other nodes."""
+    W = len(node)
+    h = np.broadcast_to(home[:, None], gpus.shape)
+    remote = node[gpus] != node[h]
+    load = np.bincount(gpus.ravel(), minlength=W)
+    recv = np.bincount(gpus[remote], minlength=W)
+    sent = np.bincount(h[remote], minlength=W)
+    mi = int(np.maximum(recv, sent).max())
+    return int(load.max()) + inter * mi, int(load.max()), mi
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_balanced_links_never_worse_than_balanced_on_its_objective(seed):
+    """balanced-links on random 3-node cases: a valid assignment (every pair on a replica of its expert), its
+    objective (counted independently) never above the balanced rule's, never below the least any assignment
+    reaches (enumerated on the smallest cases), its max load within the 4 caps above balanced's, deterministic."""
+    from moeplace.simulate import LinkWeights
+
+    rng = np.random.default_rng(300 + seed)
+    nodes, gpus, E = 3, 2, 6
+    W = nodes * gpus
+    extra = rng.choice(3, size=W * 2 - E, p=[0.5, 0.3, 0.2])  # replicas of the hot experts 0-2
+    p2l = np.r_[np.arange(E), extra][rng.permutation(W * 2)]
+    slot_gpu = np.arange(W * 2) // 2
+    node = np.arange(W) // gpus
+    small = seed < 6
+    T, K = (int(rng.integers(3, 6)), 2) if small else (int(rng.integers(20, 120)), 2)
+    ex = np.stack([rng.choice(E, K, replace=False, p=[0.3, 0.2, 0.15, 0.15, 0.1, 0.1]) for _ in range(T)])
+    home = rng.integers(0, W, T) if seed % 2 else np.repeat(np.arange(W), -(-T // W))[:T]
+    inter = LinkWeights().inter
+    got = {r: slot_gpu[assign_slots(p2l, slot_gpu, node, home, ex, rule=r)] for r in ("balanced", "balanced-links")}
+    s = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced-links")
+    assert (p2l[s] == ex).all()
+    assert np.array_equal(slot_gpu[s], got["balanced-links"])
+    f_links, ml_links, _ = link_objective(got["balanced-links"], home, node, inter)
+    f_bal, ml_bal, _ = link_objective(got["balanced"], home, node, inter)
+    assert f_links <= f_bal
+    assert ml_bal <= ml_links <= ml_bal + 4 * max(1, ml_bal // 40)
+    if small:
+        options = [sorted({int(slot_gpu[p]) for p in np.flatnonzero(p2l == e)}) for e in ex.ravel()]
+        least = min(link_objective(np.array(g).reshape(T, K), home, node, inter)[0]
+                    for g in itertools.product(*options))
+        assert least <= f_links
+
+
+def test_balanced_links_trades_load_for_inter_node_pairs():
+    """Two nodes of one GPU; expert 0 on both, expert 1 on GPU 0 only, expert 2 on GPU 1 only. Six tokens of GPU 1
+    want (0, 2), four of GPU 0 want (1, 0). The least max load (10) sends 2 of GPU 1's expert-0 pairs to GPU 0;
+    serving them at home costs 2 pairs of max load (12) and saves 2 inter-node pairs, worth 3 each."""
+    p2l = np.array([0, 1, 0, 2])
+    slot_gpu = np.array([0, 0, 1, 1])
+    node = np.array([0, 1])
+    home = np.array([1] * 6 + [0] * 4)
+    ex = np.array([[0, 2]] * 6 + [[1, 0]] * 4)
+    g = {r: slot_gpu[assign_slots(p2l, slot_gpu, node, home, ex, rule=r)] for r in ("balanced", "balanced-links")}
+    assert link_objective(g["balanced"], home, node, 3.0) == (16.0, 10, 2)
+    assert link_objective(g["balanced-links"], home, node, 3.0) == (12.0, 12, 0)

@@ -136,7 +136,10 @@ def requests_load(work: Workload, requests: np.ndarray) -> np.ndarray:
 
 
 CV_FOLDS = 2  # cross-validation folds: each candidate is built on half the planning requests, timed on the other
-CANDIDATE_RULES = ("nearest-least-loaded", "balanced")  # dispatch rules the grouped candidates are timed under
+# dispatch rules the grouped candidates are timed under; EPLB's placements are also timed under the rules of
+# OWN_RULES (moeplace's own dispatch, not an engine's: candidates, never baselines)
+CANDIDATE_RULES = ("nearest-least-loaded", "balanced", "balanced-links")
+OWN_RULES = ("balanced-links",)
 PHASE_CHOICES = ("both", "prefill", "decode")
 
 
@@ -274,7 +277,8 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         for name, (p2l, homes) in cands.items():
             h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
             same = (np.ascontiguousarray(p2l).tobytes(), np.ascontiguousarray(h).tobytes())
-            for r in (base_rules if name.startswith("eplb") else cand_rules):
+            own = tuple(r for r in OWN_RULES if r in cand_rules and r not in base_rules)
+            for r in ((*base_rules, *own) if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
                         continue
@@ -309,6 +313,9 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         groups = dict(variants)[name]
         why = f"{decision['reason']}: EPLB's placement from the whole planning window, round-robin homes"
         return StrategyResult(rebalance(work.load, P, groups, N, W), rr, None, extra, fallback=Fallback(name, why),
+                              cost_model=cost_model(chosen_rule))
+    if name in dict(variants):  # EPLB's placement under moeplace's own dispatch: built as the baseline is
+        return StrategyResult(rebalance(work.load, P, dict(variants)[name], N, W), rr, None, extra,
                               cost_model=cost_model(chosen_rule))
     built, groupers = first  # the very plan the first fold's evidence is about (see the module docstring)
     p2l, homes = built[name]

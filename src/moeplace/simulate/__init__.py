@@ -23,8 +23,8 @@ __getattr__, __dir__, _names = lazy_exports(__name__, {
     "batching": ("Layout", "build_layout", "microbatch_ids", "rows_of"),
     "config": ("BALANCED_RULES", "DEDUP_MODES", "DEFAULT_RULE", "RULES", "BatchConfig", "CostConfig"),
     "result": ("PhaseResult", "SimResult"),
-    "routing": ("ReplicaCosts", "RouteTables", "assign_slots", "balancedness", "build_route_tables", "link_counts",
-                "token_sends", "two_hop_matrix"),
+    "routing": ("LinkWeights", "ReplicaCosts", "RouteTables", "assign_slots", "balancedness", "build_route_tables",
+                "link_counts", "token_sends", "two_hop_matrix"),
     "simulator": ("simulate",),
 })
 __all__ = ["PHASE_NAMES", *_names]

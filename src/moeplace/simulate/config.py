@@ -12,8 +12,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced")
-BALANCED_RULES = ("balanced-local", "balanced")  # chosen per micro-batch by routing.balanced_gpus
+RULES = ("nearest-least-loaded", "nearest-static", "balanced-local", "balanced", "balanced-links")
+BALANCED_RULES = ("balanced-local", "balanced", "balanced-links")  # chosen per micro-batch by routing.balanced_gpus
 DEFAULT_RULE = "nearest-least-loaded"
 # the replica dispatch choices an engine-side EPLB deployment is measured with (the strongest-baseline candidates
 # of moeplace.evaluate.measure and of joint's decision): static, nearest least-loaded, per-micro-batch balanced

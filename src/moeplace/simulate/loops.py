@@ -550,8 +550,191 @@ def min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf
     return c
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _top_after(hist, M, o1, n1, o2, n2, o3, n3):
+    """(max, count at max) of a histogram ``hist`` with max M after up to three GPUs change value o -> n (each by
+    at most 1; o = n = -1 marks an unused slot): the new max is M + 1, M or M - 1."""
+    for v in (M + 1, M, M - 1):
+        if v < 0:
+            continue
+        c = hist[v] if v <= M else 0
+        c += (n1 == v) + (n2 == v) + (n3 == v) - (o1 == v) - (o2 == v) - (o3 == v)
+        if c > 0:
+            return v, c
+    return 0, 0
+
+
 @njit(cache=True, nogil=True)
-def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, pick, l0, l1):
+def link_descent(lcap, x, gh, ge, J, rep_gpu, rep_n, layer, node, ld, rc, sd, hist, gs, gj, gm, hs, hj, budget):
+    """Lower the busiest GPU's inter-node pairs (the larger of received ``rc`` and sent ``sd``) by moving single
+    pairs of groups between their expert's replicas while no GPU's load ``ld`` exceeds ``lcap``: each step takes,
+    among the moves off a GPU at the maximum, the one with the least (max, GPUs at the max) (ties: GPU, entry and
+    replica order), and stops when no move lowers it or after ``budget`` candidate moves. Entries by GPU: gs/gj/gm
+    (:func:`entries_by_gpu`); groups by home: hj[hs[h]:hs[h + 1]]. hist int64 [>= max + 2] scratch. Returns the
+    max reached; x, ld, rc, sd are updated in place."""
+    W = ld.shape[0]
+    M = np.int64(0)
+    for g in range(W):
+        M = max(M, max(rc[g], sd[g]))
+    for v in range(M + 2):
+        hist[v] = 0
+    for g in range(W):
+        hist[max(rc[g], sd[g])] += 1
+    C = hist[M]
+    work = np.int64(0)
+    while M > 0 and work < budget:
+        bM, bC, bj, bm, bm2 = M, C, np.int64(-1), np.int64(-1), np.int64(-1)
+        for a in range(W):
+            if max(rc[a], sd[a]) != M:
+                continue
+            for side in range(2):
+                if side == 0:
+                    if rc[a] != M:
+                        continue
+                    i0, i1 = gs[a], gs[a + 1]
+                else:
+                    if sd[a] != M:
+                        continue
+                    i0, i1 = hs[a], hs[a + 1]
+                for i in range(i0, i1):
+                    if side == 0:
+                        j, m = gj[i], gm[i]
+                        ms = m
+                        me = m + 1
+                    else:
+                        j = hj[i]
+                        ms = 0
+                        me = rep_n[layer, ge[j]]
+                    h = gh[j]
+                    e = ge[j]
+                    for m in range(ms, me):
+                        ga = rep_gpu[layer, e, m]
+                        if x[j, m] == 0 or node[ga] == node[h]:
+                            continue  # only a pair served on another node than its home moves
+                        for m2 in range(rep_n[layer, e]):
+                            gc = rep_gpu[layer, e, m2]
+                            if m2 == m or ld[gc] + 1 > lcap:
+                                continue
+                            work += 1
+                            nc = np.int64(node[gc] != node[h])
+                            # GPUs that change: ga (receives one less), gc (one more if remote), h (sends 1 - nc less)
+                            oa, na_ = max(rc[ga], sd[ga]), max(rc[ga] - 1, sd[ga])
+                            oc, ncv = max(rc[gc], sd[gc]), max(rc[gc] + nc, sd[gc] + (gc == h) * (nc - 1))
+                            if h == gc:
+                                oh, nh = np.int64(-1), np.int64(-1)
+                            else:
+                                oh, nh = max(rc[h], sd[h]), max(rc[h], sd[h] + nc - 1)
+                            tM, tC = _top_after(hist, M, oa, na_, oc, ncv, oh, nh)
+                            if tM < bM or (tM == bM and tC < bC):
+                                bM, bC, bj, bm, bm2 = tM, tC, j, m, m2
+        if bj < 0:
+            break
+        e = ge[bj]
+        h = gh[bj]
+        ga = rep_gpu[layer, e, bm]
+        gc = rep_gpu[layer, e, bm2]
+        nc = np.int64(node[gc] != node[h])
+        hist[max(rc[ga], sd[ga])] -= 1
+        hist[max(rc[gc], sd[gc])] -= 1
+        if h != gc:
+            hist[max(rc[h], sd[h])] -= 1
+        x[bj, bm] -= 1
+        x[bj, bm2] += 1
+        ld[ga] -= 1
+        ld[gc] += 1
+        rc[ga] -= 1
+        rc[gc] += nc
+        sd[h] += nc - 1
+        hist[max(rc[ga], sd[ga])] += 1
+        hist[max(rc[gc], sd[gc])] += 1
+        if h != gc:
+            hist[max(rc[h], sd[h])] += 1
+        M, C = bM, bC
+    return M
+
+
+@njit(cache=True, nogil=True)
+def link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb, rc, sd, rcf, sdf, act, mark, stamp,
+                hist, gs, gj, gm, hs, hj, nxt, lw, npairs):
+    """The ``balanced-links`` step of :func:`balance_kernel` on the balanced assignment x / ld of one micro-batch
+    and layer (rcf, sdf, act: the single-replica pairs' inter-node receives and sends and active experts per GPU,
+    marked in ``mark`` with ``stamp``). Leaves the kept assignment in x and ld."""
+    W = ld.shape[0]
+    M = x.shape[1]
+    entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, nxt)
+    for g in range(W + 1):
+        hs[g] = 0
+    for j in range(J):
+        hs[gh[j] + 1] += 1
+    for g in range(W):
+        hs[g + 1] += hs[g]
+        nxt[g] = hs[g]
+    for j in range(J):
+        hj[nxt[gh[j]]] = j
+        nxt[gh[j]] += 1
+    most_act = np.int64(0)
+    ml0 = np.int64(0)
+    for j in range(J):
+        e = ge[j]
+        for m in range(rep_n[layer, e]):
+            g = rep_gpu[layer, e, m]
+            if x[j, m] > 0 and mark[g, e] != stamp:
+                mark[g, e] = stamp
+                act[g] += 1
+    for g in range(W):
+        most_act = max(most_act, act[g])
+        ml0 = max(ml0, ld[g])
+        ld0[g] = ld[g]
+        ldb[g] = ld[g]
+    for j in range(J):
+        for m in range(M):
+            x0[j, m] = x[j, m]
+            xb[j, m] = x[j, m]
+    mem = lw[2] * most_act
+    floor = (mem + lw[0] - 1) // lw[0]
+    step = max(np.int64(1), ml0 // 40)
+    best = np.int64(-1)
+    for i in range(-1, 5):
+        for g in range(W):
+            rc[g] = rcf[g]
+            sd[g] = sdf[g]
+            ld[g] = ld0[g]
+        for j in range(J):
+            h = gh[j]
+            e = ge[j]
+            for m in range(rep_n[layer, e]):
+                x[j, m] = x0[j, m]
+                g = rep_gpu[layer, e, m]
+                if x[j, m] > 0 and node[g] != node[h]:
+                    rc[g] += x[j, m]
+                    sd[h] += x[j, m]
+        if i < 0:  # the balanced start itself
+            mi = np.int64(0)
+            for g in range(W):
+                mi = max(mi, max(rc[g], sd[g]))
+        else:
+            mi = link_descent(max(ml0, floor) + i * step, x, gh, ge, J, rep_gpu, rep_n, layer, node, ld, rc, sd,
+                              hist, gs, gj, gm, hs, hj, 32 * npairs + 1024)
+        ml = np.int64(0)
+        for g in range(W):
+            ml = max(ml, ld[g])
+        f = max(lw[0] * ml, mem) + lw[1] * mi
+        if best < 0 or f < best:
+            best = f
+            for j in range(J):
+                for m in range(M):
+                    xb[j, m] = x[j, m]
+            for g in range(W):
+                ldb[g] = ld[g]
+    for j in range(J):
+        for m in range(M):
+            x[j, m] = xb[j, m]
+    for g in range(W):
+        ld[g] = ldb[g]
+
+
+@njit(cache=True, nogil=True)
+def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, node, lw, pick, l0, l1):
     """The balanced replica rules: the serving GPU of every pair of complete micro-batches in layers [l0, l1).
 
     ids: int16 [T, L, K]; rows, home, starts: as :func:`microbatch_kernel`. rep_gpu [L, E, M], rep_n [L, E]: the
@@ -566,6 +749,13 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     infeasible (objective max load x unit + cost is convex in the cap, so that k is its minimum; equal objective:
     the lower cap), found by bisection over [max(fixed, ceil(mean)), start], each probe by :func:`reduce_cap`.
     Pairs of a group then fill its replica GPUs in slot order, in token order.
+
+    Links (``lw[1] > 0``, the ``balanced-links`` rule; node int64 [W] node of each GPU): from that balanced
+    assignment, :func:`link_descent` lowers the busiest GPU's inter-node pairs under load caps ``c_i = max(ML,
+    F_mem) + i * max(1, ML // 40)``, i = 0..4 (ML: the balanced max load; F_mem = ceil(lw[2] * A / lw[0]) the load
+    the busiest GPU's A active experts' weight reads already cost), each from the balanced start; the one with the
+    least ``max(lw[0] * max load, lw[2] * A) + lw[1] * max inter-node pairs`` is kept (ties: lower i; the
+    balanced start itself when none is lower), so the rule is never worse than ``balanced`` on that objective.
     """
     L, K = ids.shape[1], ids.shape[2]
     E = rep_gpu.shape[1]
@@ -602,6 +792,23 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     p1 = np.zeros(W, np.int64)
     p2 = np.zeros(W, np.int64)
     queue = np.zeros(W, np.int64)
+    links = lw[1] > 0
+    rc = np.zeros(W, np.int64)
+    sd = np.zeros(W, np.int64)
+    rcf = np.zeros(W, np.int64)
+    sdf = np.zeros(W, np.int64)
+    act = np.zeros(W, np.int64)
+    mark = np.zeros((W, E) if links else (1, 1), np.int64)
+    hs = np.zeros(W + 1, np.int64)
+    hj = np.zeros(nmax if links else 1, np.int64)
+    x0 = np.zeros((nmax, M) if links else (1, 1), np.int64)
+    xb = np.zeros((nmax, M) if links else (1, 1), np.int64)
+    ld0 = np.zeros(W, np.int64)
+    ldb = np.zeros(W, np.int64)
+    mostpairs = np.int64(0)
+    for b in range(starts.shape[0] - 1):
+        mostpairs = max(mostpairs, (starts[b + 1] - starts[b]) * K)
+    hist = np.zeros(mostpairs + 2 if links else 1, np.int64)
     ccmax = np.int64(0)
     for h in range(W):
         for g in range(W):
@@ -611,8 +818,12 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
         for layer in range(l0, l1):
             J = 0
             fixed_max = np.int64(0)
+            stamp = (b * L + layer) + 1
             for g in range(W):
                 ld[g] = base[g]
+                rcf[g] = 0
+                sdf[g] = 0
+                act[g] = 0
             for t in range(s0, s1):
                 h = home[t]
                 ib = rows[t] * LK + layer * K
@@ -624,6 +835,13 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                         g = rep_gpu[layer, e, 0]
                         ld[g] += 1
                         pick[t, layer, k] = g
+                        if links:
+                            if node[g] != node[h]:
+                                rcf[g] += 1
+                                sdf[h] += 1
+                            if mark[g, e] != stamp:
+                                mark[g, e] = stamp
+                                act[g] += 1
                         continue
                     j = gid[h, e]
                     if j < 0:
@@ -702,6 +920,9 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                             ld[g] = lds[g]
                         lo = mid
                 cap = hi
+            if links and J > 0:
+                link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb, rc, sd, rcf, sdf,
+                            act, mark, stamp, hist, gs, gj, gm, hs, hj, prev, lw, npairs)
             for t in range(s0, s1):
                 h = home[t]
                 ib = rows[t] * LK + layer * K

@@ -24,6 +24,12 @@ home GPU if any, else those on the home node, else all of them.
   the first. :func:`moeplace.simulate.loops.balance_kernel` states the tie-breaks.
 - ``balanced``: the least max load alone (like SGLang's LP load balancer, which ignores locality); among
   assignments with that max load, the least locality cost by the same costs (a tie-break only).
+- ``balanced-links``: ``balanced``, then the busiest GPU's inter-node pairs (the larger of what it receives from
+  and sends to other nodes, the per-pair count DeepEP's low-latency kernel moves) lowered by single-pair moves
+  between replicas under a few load caps, keeping the assignment with the least ``max load + inter x max
+  inter-node pairs`` (weights :class:`LinkWeights`: the same defaults in the simulator, the planners' route_load
+  and the runtime's assign_slots, so all three route alike).
+  Never above ``balanced`` on that objective (:func:`moeplace.simulate.loops.link_refine` states the search).
 
 Sends. A token's hidden vector goes once to every GPU other than its home that serves one of its experts
 (per-GPU dedup), or once per remote node (two-hop, then NVLink forwarding); a send is intra-node when both GPUs
@@ -80,6 +86,32 @@ class ReplicaCosts:
         c = np.where(same, round(self.intra_cost * COST_UNIT), round(self.inter_cost * COST_UNIT)).astype(np.int64)
         np.fill_diagonal(c, 0)
         return c
+
+
+@dataclass(frozen=True)
+class LinkWeights:
+    """What the ``balanced-links`` rule weighs, in pairs of compute on the busiest GPU.
+
+    Defaults: one inter-node pair out (fp8 7168-wide, ~7.4 kB) and back (bf16, ~14.3 kB) at ~40 GB/s achieved is
+    ~0.55 us on the busiest GPU's link against ~0.2 us of compute per pair at DeepSeek-V3 shape: about 3 pairs.
+    ``memory``: the weight reads of one active expert (DeepSeek-V3: 44 MB at ~3.3 TB/s, ~13 us, about 60 pairs);
+    0 treats every pair of load as costing time.
+    """
+
+    inter: float = 3.0  # one pair more on the busiest GPU's inter-node link
+    memory: float = 0.0  # one active expert's weight reads
+
+    def __post_init__(self) -> None:
+        for name in ("inter", "memory"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not 0 <= v < 1e6:
+                raise ValueError(f"link weights: {name} must be a number in [0, 1e6), got {v!r}")
+
+    def vector(self) -> np.ndarray:
+        """int64 [3]: (one pair of load, one inter-node pair, one active expert) in 1/COST_UNIT of a pair; the
+        inter weight is at least 1/COST_UNIT, so the rule always refines."""
+        return np.array([COST_UNIT, max(1, round(self.inter * COST_UNIT)), round(self.memory * COST_UNIT)],
+                        np.int64)
 
 
 @dataclass(frozen=True)
@@ -171,12 +203,14 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
 
 
 def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray, tab: RouteTables,
-                  rule: str, costs: ReplicaCosts | None = None, base_load: np.ndarray | None = None) -> np.ndarray:
+                  rule: str, costs: ReplicaCosts | None = None, base_load: np.ndarray | None = None,
+                  weights: LinkWeights | None = None) -> np.ndarray:
     """int16 [n, L, K]: the serving GPU of every pair under a balanced rule (see the module docstring).
 
     ids: int16 [T, L, K] routing; rows: int64 [n] rows of ids grouped by micro-batch (token order inside),
     micro-batch b being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows; base_load:
-    optional int [W] pairs already on each GPU (every micro-batch and layer). Layers run in parallel threads.
+    optional int [W] pairs already on each GPU (every micro-batch and layer); weights: the ``balanced-links``
+    rule's (default :class:`LinkWeights`). Layers run in parallel threads.
     """
     if check_rule(rule) not in BALANCED_RULES:
         raise ValueError(f"balanced_gpus: rule {rule!r} is not one of {BALANCED_RULES}")
@@ -186,9 +220,11 @@ def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: n
     cc = (costs or ReplicaCosts()).matrix(tab.node_of_gpu)
     base = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
     pick = np.zeros((len(rows), L, K), np.int16)
+    lw = (weights or LinkWeights()).vector() if rule == "balanced-links" else np.zeros(3, np.int64)
     bad = loops.by_ranges(loops.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
                             np.ascontiguousarray(home, np.int64), np.ascontiguousarray(starts, np.int64),
-                            tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule == "balanced", base, pick)
+                            tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule != "balanced-local", base,
+                            np.ascontiguousarray(tab.node_of_gpu, np.int64), lw, pick)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {tab.num_experts})")
     return pick
@@ -215,14 +251,15 @@ def serve_column(replica_gpus: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarra
 
 def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.ndarray, home: np.ndarray,
                  experts: np.ndarray, rule: str = DEFAULT_RULE, base_load: np.ndarray | None = None,
-                 costs: ReplicaCosts | None = None) -> np.ndarray:
+                 costs: ReplicaCosts | None = None, weights: LinkWeights | None = None) -> np.ndarray:
     """Choose the physical slot that serves each token-expert pair of one micro-batch in one layer.
 
     phy2log_l: int [P] logical expert of each slot; slot_gpu: int [P] GPU of each slot; node_of_gpu: int [W];
     home: int [T] home GPU of each token; experts: int [T, K] router choices; base_load: optional int [W] pairs
     already assigned to each GPU in this micro-batch and layer (a micro-batch routed in several calls; the
     balanced rules see it as fixed load, so for them two calls are not one); costs: the balanced-local rule's
-    locality costs (default :class:`ReplicaCosts`). Returns int64 [T, K] slots, by ``rule`` (module docstring).
+    locality costs (default :class:`ReplicaCosts`); weights: the balanced-links rule's (default
+    :class:`LinkWeights`). Returns int64 [T, K] slots, by ``rule`` (module docstring).
     """
     check_rule(rule)
     p2l = np.asarray(phy2log_l, np.int64)
@@ -244,7 +281,7 @@ def assign_slots(phy2log_l: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: np.nd
     if rule in BALANCED_RULES:
         T = ex.shape[0]
         gpu = balanced_gpus(ex.astype(np.int16)[:, None, :], np.arange(T), h, np.array([0, T]), tab, rule, costs,
-                            load)[:, 0, :].astype(np.int64)
+                            load, weights)[:, 0, :].astype(np.int64)
         return tab.rep_slot[0][ex, np.argmax(tab.rep_gpu[0][ex] == gpu[:, :, None], axis=-1)] if T else \
             np.zeros(ex.shape, np.int64)
     return loops.assign_kernel(np.ascontiguousarray(ex, np.int64), np.ascontiguousarray(h), tab.kernel_serve(rule),
