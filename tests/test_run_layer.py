@@ -168,6 +168,20 @@ def test_bytes_equal_the_simulator(replayed):
         assert lres.layer_seconds.shape == (1, 2, L)
 
 
+def test_balanced_links_runs_as_the_simulator_routes(trace_and_plan):
+    """moeplace's own balanced-links dispatch in a real W=4 run: the slots come from the runtime's assign_slots,
+    and every rank's bytes equal the simulator's under the same rule (the plan has replicas on both nodes)."""
+    trace, plan = trace_and_plan
+    sub, rows = select_window(trace, plan, BATCHING, "decode", num_microbatches=2)
+    batches = batches_from_window(sub, rows, plan, rule="balanced-links")
+    check_batches(plan, batches)
+    cfg = ReplayConfig(hidden=H, weights="id", repeats=1, timeout=120)
+    res = replay(plan, batches, cfg)
+    X = predict(sub, plan, cfg, BATCHING, rule="balanced-links").all.sends["per_gpu"]
+    assert np.array_equal(res.dispatch_bytes.sum(0), X * H * cfg.bytes_per_element)
+    assert res.dispatch_bytes.sum() > 0
+
+
 # ------------------------------------------------------------------------------------------------ emulated compute
 
 # a virtual device slow enough that waits are milliseconds, both roofline terms and the overhead in play
