@@ -263,7 +263,7 @@ def link_objective(gpus: np.ndarray, home: np.ndarray, node: np.ndarray, inter: 
 def test_balanced_links_never_worse_than_balanced_on_its_objective(seed):
     """balanced-links on random 3-node cases: a valid assignment (every pair on a replica of its expert), its
     objective (counted independently) never above the balanced rule's, never below the least any assignment
-    reaches (enumerated on the smallest cases), its max load within the 4 caps above balanced's, deterministic."""
+    reaches (enumerated on the smallest cases), its max load within the 5 cap steps above balanced's, deterministic."""
     from moeplace.simulate import LinkWeights
 
     rng = np.random.default_rng(300 + seed)
@@ -285,7 +285,7 @@ def test_balanced_links_never_worse_than_balanced_on_its_objective(seed):
     f_links, ml_links, _ = link_objective(got["balanced-links"], home, node, inter)
     f_bal, ml_bal, _ = link_objective(got["balanced"], home, node, inter)
     assert f_links <= f_bal
-    assert ml_bal <= ml_links <= ml_bal + 4 * max(1, ml_bal // 40)
+    assert ml_bal <= ml_links <= ml_bal + 5 * max(1, ml_bal // 20)
     if small:
         options = [sorted({int(slot_gpu[p]) for p in np.flatnonzero(p2l == e)}) for e in ex.ravel()]
         least = min(link_objective(np.array(g).reshape(T, K), home, node, inter)[0]

@@ -57,7 +57,7 @@ class Deployment:
 
 
 TIME_PARAMS = ("hidden_size", "dispatch_bytes", "combine_bytes", "mode", "rule", "overlap", "decode_batch",
-               "prefill_tokens", "decode_running")
+               "prefill_tokens", "decode_running", "intermediate_size")
 
 __all__ = ["CLUSTER_PRESETS", "HARDWARE_FIELDS", "MODEL_PRESETS", "TIME_PARAMS", "ClusterPreset", "Deployment",
            "Hardware", "ModelPreset", "cluster_note",

@@ -157,9 +157,12 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                     combine_bytes: float = 2.0, mode: str = "auto", rule: str = DEFAULT_RULE, overlap: bool = False,
                     decode_batch: int = 256, prefill_tokens: int = 8192,
                     max_eval_requests: int = MAX_EVAL_REQUESTS, decode_running: int | None = None,
-                    dispatch: str = "choose", phases: str = "both", cv_folds: int = CV_FOLDS) -> StrategyResult:
+                    dispatch: str = "choose", phases: str = "both", cv_folds: int = CV_FOLDS,
+                    intermediate_size: int | None = None) -> StrategyResult:
     """The time objective (see the module docstring), priced with the deployment's time model (hidden_size:
-    default the window's, else 4096; element bytes, kernel mode, overlap, batch sizes).
+    default the window's, else 4096; element bytes, kernel mode, overlap, batch sizes; intermediate_size: the
+    expert width that prices compute and weight reads, default the model preset's, else hidden_size, as the
+    simulator's scoring prices them).
 
     rule: the deployment's replica rule; dispatch ``choose`` (default) also times the baselines under every engine
     rule and the candidates under :data:`CANDIDATE_RULES`, ``fixed`` times everything under ``rule`` only.
@@ -182,13 +185,14 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     Rq = work.num_requests
     hidden = int(hidden_size or work.hidden_size or DEFAULT_HIDDEN)
     cost = CostConfig(hidden_size=hidden, dispatch_bytes=dispatch_bytes, combine_bytes=combine_bytes, mode=mode,
-                      overlap=overlap)
+                      overlap=overlap, intermediate_size=intermediate_size)
     variants = eplb_variants(expert_groups(work.model), E, N)
     base_rules = BASELINE_RULES if dispatch == "choose" else (rule,)
     cand_rules = CANDIDATE_RULES if dispatch == "choose" else (rule,)
 
     def cost_model(r: str) -> CostModel:
         return CostModel(objective="layer_time", rule=r, dedup=mode, hidden_size=hidden,
+                         intermediate_size=intermediate_size,
                          dispatch_bytes=cost.dispatch_bytes, combine_bytes=cost.combine_bytes, overlap=overlap,
                          decode_batch=decode_batch, prefill_tokens=prefill_tokens)
 
@@ -278,6 +282,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
             h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
             same = (np.ascontiguousarray(p2l).tobytes(), np.ascontiguousarray(h).tobytes())
             own = tuple(r for r in OWN_RULES if r in cand_rules and r not in base_rules)
+            picks: dict[str, dict] = {"prefill": {}, "decode": {}}  # balanced-links starts from balanced's GPUs
             for r in ((*base_rules, *own) if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
@@ -288,7 +293,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                         key = (*same, r, ph)
                         if key not in timed:
                             _, met = simulate_rows(ids[m], h[m], mb[m], ph, p2l, cluster, cost, model=work.model,
-                                                   rule=r, num_experts=E, bound=False)
+                                                   rule=r, num_experts=E, bound=False, picks=picks[ph])
                             timed[key] = met["layer_time"].mean(axis=1)
                         t = timed[key]
                     times[ph].setdefault(f"{name}/{r}", []).append(t)

@@ -74,6 +74,8 @@ def _time_params() -> tuple[Param, ...]:
         Param("prefill_tokens", int, d["prefill_tokens"].default, "prefill micro-batch token budget", lo=1),
         Param("decode_running", int, None, "running requests per decode micro-batch, continuous batching (None: "
               "windows of decode_batch)", lo=1),
+        Param("intermediate_size", int, None, "routed expert FFN width, prices expert compute and weight reads "
+              "(None: the model preset's, else hidden_size)", lo=1),
     )
 
 

@@ -550,6 +550,10 @@ def min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf
     return c
 
 
+LINK_CAPS = 6  # balanced-links: load caps tried, from the balanced max load up in steps of LINK_STEP
+LINK_WORK = 32  # balanced-links: candidate moves per pair of a micro-batch and layer, at most, per cap
+LINK_STEP = 20  # balanced-links: a cap step is max(1, ML // LINK_STEP) pairs
+
 @njit(cache=True, nogil=True, inline="always")
 def _top_after(hist, M, o1, n1, o2, n2, o3, n3):
     """(max, count at max) of a histogram ``hist`` with max M after up to three GPUs change value o -> n (each by
@@ -654,11 +658,16 @@ def link_descent(lcap, x, gh, ge, J, rep_gpu, rep_n, layer, node, ld, rc, sd, hi
 
 
 @njit(cache=True, nogil=True)
-def link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb, rc, sd, rcf, sdf, act, mark, stamp,
-                hist, gs, gj, gm, hs, hj, nxt, lw, npairs):
-    """The ``balanced-links`` step of :func:`balance_kernel` on the balanced assignment x / ld of one micro-batch
+def link_refine(x, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ldb, rc, sd, rcf, sdf, act, mark, stamp, hist,
+                gs, gj, gm, hs, hj, nxt, lw, npairs):
+    """The ``balanced-links`` search of :func:`links_kernel` on the balanced assignment x / ld of one micro-batch
     and layer (rcf, sdf, act: the single-replica pairs' inter-node receives and sends and active experts per GPU,
-    marked in ``mark`` with ``stamp``). Leaves the kept assignment in x and ld."""
+    marked in ``mark`` with ``stamp``). Load caps ``c_i = max(ML, F) + i * max(1, ML // LINK_STEP)``, i = 0 ..
+    LINK_CAPS - 1 (ML: the balanced max load; F = ceil(lw[2] * A / lw[0]), the load the busiest GPU's A active
+    experts' weight reads already cost), each :func:`link_descent` continuing from the last cap's state; after
+    each, the objective ``max(lw[0] * max load, lw[2] * A) + lw[1] * max inter-node pairs`` is taken, and the
+    least is kept (ties: the balanced start, then the lower cap), so the result is never above the balanced start
+    on it. Leaves the kept assignment in x and ld."""
     W = ld.shape[0]
     M = x.shape[1]
     entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, nxt)
@@ -684,42 +693,36 @@ def link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb,
     for g in range(W):
         most_act = max(most_act, act[g])
         ml0 = max(ml0, ld[g])
-        ld0[g] = ld[g]
         ldb[g] = ld[g]
     for j in range(J):
         for m in range(M):
-            x0[j, m] = x[j, m]
             xb[j, m] = x[j, m]
     mem = lw[2] * most_act
     floor = (mem + lw[0] - 1) // lw[0]
-    step = max(np.int64(1), ml0 // 40)
-    best = np.int64(-1)
-    for i in range(-1, 5):
-        for g in range(W):
-            rc[g] = rcf[g]
-            sd[g] = sdf[g]
-            ld[g] = ld0[g]
-        for j in range(J):
-            h = gh[j]
-            e = ge[j]
-            for m in range(rep_n[layer, e]):
-                x[j, m] = x0[j, m]
-                g = rep_gpu[layer, e, m]
-                if x[j, m] > 0 and node[g] != node[h]:
-                    rc[g] += x[j, m]
-                    sd[h] += x[j, m]
-        if i < 0:  # the balanced start itself
-            mi = np.int64(0)
-            for g in range(W):
-                mi = max(mi, max(rc[g], sd[g]))
-        else:
-            mi = link_descent(max(ml0, floor) + i * step, x, gh, ge, J, rep_gpu, rep_n, layer, node, ld, rc, sd,
-                              hist, gs, gj, gm, hs, hj, 32 * npairs + 1024)
+    step = max(np.int64(1), ml0 // LINK_STEP)
+    for g in range(W):
+        rc[g] = rcf[g]
+        sd[g] = sdf[g]
+    for j in range(J):
+        h = gh[j]
+        e = ge[j]
+        for m in range(rep_n[layer, e]):
+            g = rep_gpu[layer, e, m]
+            if x[j, m] > 0 and node[g] != node[h]:
+                rc[g] += x[j, m]
+                sd[h] += x[j, m]
+    mi = np.int64(0)
+    for g in range(W):
+        mi = max(mi, max(rc[g], sd[g]))
+    best = max(lw[0] * ml0, mem) + lw[1] * mi  # the balanced start
+    for i in range(LINK_CAPS):  # each cap continues from the last one's state (raising a cap only adds moves)
+        mi = link_descent(max(ml0, floor) + i * step, x, gh, ge, J, rep_gpu, rep_n, layer, node, ld, rc, sd,
+                          hist, gs, gj, gm, hs, hj, LINK_WORK * npairs + 1024)
         ml = np.int64(0)
         for g in range(W):
             ml = max(ml, ld[g])
         f = max(lw[0] * ml, mem) + lw[1] * mi
-        if best < 0 or f < best:
+        if f < best:
             best = f
             for j in range(J):
                 for m in range(M):
@@ -734,7 +737,7 @@ def link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb,
 
 
 @njit(cache=True, nogil=True)
-def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, node, lw, pick, l0, l1):
+def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, pick, l0, l1):
     """The balanced replica rules: the serving GPU of every pair of complete micro-batches in layers [l0, l1).
 
     ids: int16 [T, L, K]; rows, home, starts: as :func:`microbatch_kernel`. rep_gpu [L, E, M], rep_n [L, E]: the
@@ -749,13 +752,6 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     infeasible (objective max load x unit + cost is convex in the cap, so that k is its minimum; equal objective:
     the lower cap), found by bisection over [max(fixed, ceil(mean)), start], each probe by :func:`reduce_cap`.
     Pairs of a group then fill its replica GPUs in slot order, in token order.
-
-    Links (``lw[1] > 0``, the ``balanced-links`` rule; node int64 [W] node of each GPU): from that balanced
-    assignment, :func:`link_descent` lowers the busiest GPU's inter-node pairs under load caps ``c_i = max(ML,
-    F_mem) + i * max(1, ML // 40)``, i = 0..4 (ML: the balanced max load; F_mem = ceil(lw[2] * A / lw[0]) the load
-    the busiest GPU's A active experts' weight reads already cost), each from the balanced start; the one with the
-    least ``max(lw[0] * max load, lw[2] * A) + lw[1] * max inter-node pairs`` is kept (ties: lower i; the
-    balanced start itself when none is lower), so the rule is never worse than ``balanced`` on that objective.
     """
     L, K = ids.shape[1], ids.shape[2]
     E = rep_gpu.shape[1]
@@ -792,23 +788,6 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     p1 = np.zeros(W, np.int64)
     p2 = np.zeros(W, np.int64)
     queue = np.zeros(W, np.int64)
-    links = lw[1] > 0
-    rc = np.zeros(W, np.int64)
-    sd = np.zeros(W, np.int64)
-    rcf = np.zeros(W, np.int64)
-    sdf = np.zeros(W, np.int64)
-    act = np.zeros(W, np.int64)
-    mark = np.zeros((W, E) if links else (1, 1), np.int64)
-    hs = np.zeros(W + 1, np.int64)
-    hj = np.zeros(nmax if links else 1, np.int64)
-    x0 = np.zeros((nmax, M) if links else (1, 1), np.int64)
-    xb = np.zeros((nmax, M) if links else (1, 1), np.int64)
-    ld0 = np.zeros(W, np.int64)
-    ldb = np.zeros(W, np.int64)
-    mostpairs = np.int64(0)
-    for b in range(starts.shape[0] - 1):
-        mostpairs = max(mostpairs, (starts[b + 1] - starts[b]) * K)
-    hist = np.zeros(mostpairs + 2 if links else 1, np.int64)
     ccmax = np.int64(0)
     for h in range(W):
         for g in range(W):
@@ -818,12 +797,8 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
         for layer in range(l0, l1):
             J = 0
             fixed_max = np.int64(0)
-            stamp = (b * L + layer) + 1
             for g in range(W):
                 ld[g] = base[g]
-                rcf[g] = 0
-                sdf[g] = 0
-                act[g] = 0
             for t in range(s0, s1):
                 h = home[t]
                 ib = rows[t] * LK + layer * K
@@ -835,13 +810,6 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                         g = rep_gpu[layer, e, 0]
                         ld[g] += 1
                         pick[t, layer, k] = g
-                        if links:
-                            if node[g] != node[h]:
-                                rcf[g] += 1
-                                sdf[h] += 1
-                            if mark[g, e] != stamp:
-                                mark[g, e] = stamp
-                                act[g] += 1
                         continue
                     j = gid[h, e]
                     if j < 0:
@@ -920,9 +888,6 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                             ld[g] = lds[g]
                         lo = mid
                 cap = hi
-            if links and J > 0:
-                link_refine(x, x0, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ld0, ldb, rc, sd, rcf, sdf,
-                            act, mark, stamp, hist, gs, gj, gm, hs, hj, prev, lw, npairs)
             for t in range(s0, s1):
                 h = home[t]
                 ib = rows[t] * LK + layer * K
@@ -940,6 +905,114 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                 gid[gh[j], ge[j]] = -1
     return -1
 
+
+
+@njit(cache=True, nogil=True)
+def links_kernel(ids, rows, home, starts, rep_gpu, rep_n, base, node, lw, start, pick, l0, l1):
+    """The ``balanced-links`` rule from a balanced assignment: the serving GPU of every pair of complete
+    micro-batches in layers [l0, l1).
+
+    ids, rows, home, starts, rep_gpu, rep_n, base: as :func:`balance_kernel`; node int64 [W]: node of each GPU;
+    lw int64 [3]: weights of one pair of load, one inter-node pair and one active expert (routing.LinkWeights);
+    start int16 [n, L, K]: the ``balanced`` rule's GPUs (:func:`balance_kernel` with lexi). Writes pick int16
+    [n, L, K]. Per micro-batch and layer the pairs of multi-replica experts form groups (home, expert) in order of
+    first appearance with the start's counts per replica GPU; :func:`link_refine` changes the counts, and a group's
+    pairs then fill its replica GPUs in slot order, in token order, as :func:`balance_kernel` fills them (so an
+    unchanged group keeps the start's GPUs). Returns -1, or a row whose expert id is out of range."""
+    L, K = ids.shape[1], ids.shape[2]
+    E = rep_gpu.shape[1]
+    M = rep_gpu.shape[2]
+    W = node.shape[0]
+    LK = L * K
+    flat = ids.reshape(-1)
+    gid = np.full((W, E), -1, np.int64)
+    nmax = W * E
+    gh = np.zeros(nmax, np.int64)
+    ge = np.zeros(nmax, np.int64)
+    x = np.zeros((nmax, M), np.int64)
+    used = np.zeros((nmax, M), np.int64)
+    xb = np.zeros((nmax, M), np.int64)
+    ld = np.zeros(W, np.int64)
+    ldb = np.zeros(W, np.int64)
+    rc = np.zeros(W, np.int64)
+    sd = np.zeros(W, np.int64)
+    rcf = np.zeros(W, np.int64)
+    sdf = np.zeros(W, np.int64)
+    act = np.zeros(W, np.int64)
+    mark = np.zeros((W, E), np.int64)
+    gs = np.zeros(W + 1, np.int64)
+    gj = np.zeros(nmax * M, np.int64)
+    gm = np.zeros(nmax * M, np.int64)
+    hs = np.zeros(W + 1, np.int64)
+    hj = np.zeros(nmax, np.int64)
+    nxt = np.zeros(W, np.int64)
+    mostpairs = np.int64(0)
+    for b in range(starts.shape[0] - 1):
+        mostpairs = max(mostpairs, (starts[b + 1] - starts[b]) * K)
+    hist = np.zeros(mostpairs + 2, np.int64)
+    for b in range(starts.shape[0] - 1):
+        s0, s1 = starts[b], starts[b + 1]
+        for layer in range(l0, l1):
+            stamp = b * L + layer + 1
+            J = 0
+            npairs = np.int64(0)
+            for g in range(W):
+                ld[g] = base[g]
+                rcf[g] = 0
+                sdf[g] = 0
+                act[g] = 0
+            for t in range(s0, s1):
+                h = home[t]
+                ib = rows[t] * LK + layer * K
+                for k in range(K):
+                    e = np.int64(flat[ib + k])
+                    if e < 0 or e >= E:
+                        return rows[t]
+                    g = np.int64(start[t, layer, k])
+                    pick[t, layer, k] = g
+                    ld[g] += 1
+                    if rep_n[layer, e] == 1:
+                        if node[g] != node[h]:
+                            rcf[g] += 1
+                            sdf[h] += 1
+                        if mark[g, e] != stamp:
+                            mark[g, e] = stamp
+                            act[g] += 1
+                        continue
+                    j = gid[h, e]
+                    if j < 0:
+                        j = J
+                        J += 1
+                        gid[h, e] = j
+                        gh[j] = h
+                        ge[j] = e
+                        for m in range(M):
+                            x[j, m] = 0
+                            used[j, m] = 0
+                    m = 0
+                    while rep_gpu[layer, e, m] != g:
+                        m += 1
+                    x[j, m] += 1
+                    npairs += 1
+            if J > 0:
+                link_refine(x, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ldb, rc, sd, rcf, sdf, act, mark,
+                            stamp, hist, gs, gj, gm, hs, hj, nxt, lw, npairs)
+                for t in range(s0, s1):
+                    h = home[t]
+                    ib = rows[t] * LK + layer * K
+                    for k in range(K):
+                        e = np.int64(flat[ib + k])
+                        if rep_n[layer, e] == 1:
+                            continue
+                        j = gid[h, e]
+                        m = 0
+                        while used[j, m] == x[j, m]:
+                            m += 1
+                        used[j, m] += 1
+                        pick[t, layer, k] = rep_gpu[layer, e, m]
+            for j in range(J):
+                gid[gh[j], ge[j]] = -1
+    return -1
 
 @njit(cache=True, nogil=True)
 def token_sends_kernel(gpu, home, node, out):

@@ -204,13 +204,15 @@ def build_route_tables(phy2log: np.ndarray, slot_gpu: np.ndarray, node_of_gpu: n
 
 def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray, tab: RouteTables,
                   rule: str, costs: ReplicaCosts | None = None, base_load: np.ndarray | None = None,
-                  weights: LinkWeights | None = None) -> np.ndarray:
+                  weights: LinkWeights | None = None, start: np.ndarray | None = None) -> np.ndarray:
     """int16 [n, L, K]: the serving GPU of every pair under a balanced rule (see the module docstring).
 
     ids: int16 [T, L, K] routing; rows: int64 [n] rows of ids grouped by micro-batch (token order inside),
     micro-batch b being rows[starts[b]:starts[b+1]]; home: int64 [n] home GPU of each of those rows; base_load:
     optional int [W] pairs already on each GPU (every micro-batch and layer); weights: the ``balanced-links``
-    rule's (default :class:`LinkWeights`). Layers run in parallel threads.
+    rule's (default :class:`LinkWeights`); start: for ``balanced-links``, the ``balanced`` rule's answer for the
+    same arguments when the caller has it (it is where the rule starts; recomputed when None). Layers run in
+    parallel threads.
     """
     if check_rule(rule) not in BALANCED_RULES:
         raise ValueError(f"balanced_gpus: rule {rule!r} is not one of {BALANCED_RULES}")
@@ -219,15 +221,28 @@ def balanced_gpus(ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: n
     W = tab.num_gpus
     cc = (costs or ReplicaCosts()).matrix(tab.node_of_gpu)
     base = np.zeros(W, np.int64) if base_load is None else np.array(base_load, np.int64).reshape(W)
-    pick = np.zeros((len(rows), L, K), np.int16)
-    lw = (weights or LinkWeights()).vector() if rule == "balanced-links" else np.zeros(3, np.int64)
-    bad = loops.by_ranges(loops.balance_kernel, L, ids, np.ascontiguousarray(rows, np.int64),
-                            np.ascontiguousarray(home, np.int64), np.ascontiguousarray(starts, np.int64),
-                            tab.rep_gpu, tab.rep_n, cc, np.int64(COST_UNIT), rule != "balanced-local", base,
-                            np.ascontiguousarray(tab.node_of_gpu, np.int64), lw, pick)
+    rows = np.ascontiguousarray(rows, np.int64)
+    home = np.ascontiguousarray(home, np.int64)
+    starts = np.ascontiguousarray(starts, np.int64)
+    if rule == "balanced-links" and start is not None:
+        pick = np.ascontiguousarray(start, np.int16)
+        if pick.shape != (len(rows), L, K):
+            raise ValueError(f"balanced_gpus: start has shape {pick.shape}, expected {(len(rows), L, K)}")
+    else:
+        pick = np.zeros((len(rows), L, K), np.int16)
+        bad = loops.by_ranges(loops.balance_kernel, L, ids, rows, home, starts, tab.rep_gpu, tab.rep_n, cc,
+                              np.int64(COST_UNIT), rule != "balanced-local", base, pick)
+        if max(bad) >= 0:
+            raise ValueError(f"a token row has an expert id out of range [0, {tab.num_experts})")
+    node = np.ascontiguousarray(tab.node_of_gpu, np.int64)
+    if rule != "balanced-links" or node.size == 0 or node.min() == node.max():  # one node: nothing to lower
+        return pick
+    out = np.zeros_like(pick)
+    bad = loops.by_ranges(loops.links_kernel, L, ids, rows, home, starts, tab.rep_gpu, tab.rep_n, base, node,
+                          (weights or LinkWeights()).vector(), pick, out)
     if max(bad) >= 0:
         raise ValueError(f"a token row has an expert id out of range [0, {tab.num_experts})")
-    return pick
+    return out
 
 
 def serve_column(replica_gpus: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarray:

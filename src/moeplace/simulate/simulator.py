@@ -77,11 +77,12 @@ class _Ctx:
     node: np.ndarray | None = None  # int64 [W] node of each GPU
     replica_costs: ReplicaCosts | None = None  # locality costs of the balanced-local rule (None: defaults)
 
-    def pick(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    def pick(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray,
+             start: np.ndarray | None = None) -> np.ndarray:
         """int16 [n, L, K] serving GPU of each pair under a balanced rule, else an empty [0, L, K] (the kernel
         then chooses by the serve table). Arguments as :func:`moeplace.simulate.routing.balanced_gpus`."""
         if self.rule in BALANCED_RULES:
-            return balanced_gpus(ids, rows, home, starts, self.tab, self.rule, self.replica_costs)
+            return balanced_gpus(ids, rows, home, starts, self.tab, self.rule, self.replica_costs, start=start)
         return np.zeros((0, ids.shape[1], ids.shape[2]), np.int16)
 
     def metrics(self, counts: dict[str, np.ndarray], load: np.ndarray, active: np.ndarray,
@@ -158,14 +159,17 @@ def _make_ctx(meta: TraceMeta, plan: Plan | None, cluster: Cluster | None, cost:
 def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, mb: np.ndarray,
                        phase: str, sends_pg: np.ndarray | None = None, node_sends: np.ndarray | None = None,
                        local: np.ndarray | None = None, node_local: np.ndarray | None = None,
-                       bound: bool = True) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+                       bound: bool = True, picks: dict | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Route complete micro-batches through the compiled kernel and the time model.
 
     ids: int [T, L, K]; rows: int [n] rows of ids to route (trace order); home, mb: int [n] their home GPU and
     micro-batch. Totals are added into sends_pg int64 [L, W, W], node_sends [L, W, N_n], local and node_local [L]
     when given. Returns (micro-batch ids [B] sorted, loads int64 [B, L, W], metrics name -> [B, L]); with
     ``bound=False`` the metrics leave out ``bound_reachable_time`` (a planner scoring candidates does not read it,
-    and it was a fifth of joint's plan time).
+    and it was a fifth of joint's plan time). ``picks``: a dict a caller shares between calls on the very same
+    rows, homes and placement under different rules: the ``balanced`` rule leaves its per-pair GPUs there and
+    ``balanced-links``, which starts from them, reuses them (the same answer, one balanced solve fewer).
     """
     L = ctx.meta.num_layers
     order = np.argsort(mb, kind="stable")  # micro-batches together, trace order inside
@@ -185,7 +189,10 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
     ids = np.ascontiguousarray(ids, np.int16)
     rows_o = np.ascontiguousarray(np.asarray(rows)[order], np.int64)
     home_o = np.ascontiguousarray(np.asarray(home)[order], np.int64)
-    pick = ctx.pick(ids, rows_o, home_o, starts)
+    start = picks.get("balanced") if picks is not None and ctx.rule == "balanced-links" else None
+    pick = ctx.pick(ids, rows_o, home_o, starts, start)
+    if picks is not None and ctx.rule == "balanced":
+        picks["balanced"] = pick
     bad = loops.by_ranges(loops.microbatch_kernel, L, ids, rows_o, home_o,
                             starts, ctx.serve, ctx.tab.cand_gpu, ctx.tab.cand_ok, pick, ctx.node, ctx.G, loads,
                             counts["per_gpu"], counts["two_hop"], sends_pg, node_sends, local, node_local,
@@ -202,7 +209,7 @@ def route_microbatches(ctx: _Ctx, ids: np.ndarray, rows: np.ndarray, home: np.nd
 def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
                   phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str = "",
                   rule: str = DEFAULT_RULE, num_experts: int | None = None,
-                  replica_costs: ReplicaCosts | None = None, bound: bool = True
+                  replica_costs: ReplicaCosts | None = None, bound: bool = True, picks: dict | None = None
                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The simulator on array rows of one phase, for a planner scoring candidate placements on its window.
 
@@ -210,19 +217,19 @@ def simulate_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarr
     micro-batch are routed in row order); phase: "prefill" or "decode" (the kernel ``auto`` picks per phase);
     phy2log: int [L, P]; cost: needs ``hidden_size``. Returns (micro-batch ids [B], metrics name -> [B, L]) with
     the same names as :attr:`PhaseResult.per_microbatch` (``layer_time`` is the kernel time model's), less
-    ``bound_reachable_time`` when ``bound`` is False.
+    ``bound_reachable_time`` when ``bound`` is False. picks: see :func:`route_microbatches`.
     """
     if not cost.hidden_size:
         raise ValueError("simulate_rows: CostConfig.hidden_size is required")
     umb, _, metrics = _route_rows(expert_ids, home, microbatch, phase, phy2log, cluster, cost, model, rule,
-                                  num_experts, replica_costs, bound)
+                                  num_experts, replica_costs, bound, picks)
     return umb, metrics
 
 
 def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray, phase: str,
                 phy2log: np.ndarray, cluster: Cluster, cost: CostConfig, model: str, rule: str,
-                num_experts: int | None, replica_costs: ReplicaCosts | None, bound: bool = True
-                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+                num_experts: int | None, replica_costs: ReplicaCosts | None, bound: bool = True,
+                picks: dict | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """:func:`route_microbatches` on array rows (all rows, in row order): the context from the arrays' shapes."""
     ids = np.asarray(expert_ids)
     T, L, K = ids.shape
@@ -233,7 +240,7 @@ def _route_rows(expert_ids: np.ndarray, home: np.ndarray, microbatch: np.ndarray
     plan = Plan(Placement(p2l, E, cluster.world_size), cluster)
     ctx = _make_ctx(meta, plan, cluster, cost, None, rule, 0, replica_costs)
     return route_microbatches(ctx, ids, np.arange(T), np.asarray(home, np.int64), np.asarray(microbatch, np.int64),
-                              phase, bound=bound)
+                              phase, bound=bound, picks=picks)
 
 
 # --------------------------------------------------------------------------------------------------- accumulation
