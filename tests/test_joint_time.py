@@ -6,7 +6,7 @@ import numpy as np
 
 from moeplace.placement import Cluster
 from moeplace.plan import make_plan, workload_from_tokens
-from moeplace.plan.joint_time import window_layer_time
+from moeplace.plan.joint_time import OWN_RULES, window_layer_time
 from moeplace.simulate.batching import BatchConfig, window_microbatches
 from moeplace.simulate.cost import CostConfig
 
@@ -62,7 +62,9 @@ def test_joint_is_a_baseline_or_beats_the_best_one_with_evidence():
         d = plan.extra["decision"]
         chosen = d["candidates"][d["chosen"]]
         if d["deployed"] == "candidate":
-            assert plan.fallback is None and not d["chosen"].startswith("eplb")
+            # a grouped plan, or EPLB's placement under moeplace's own dispatch (never an engine's rule)
+            assert plan.fallback is None
+            assert not d["chosen"].startswith("eplb") or d["chosen"].rsplit("/", 1)[1] in OWN_RULES
             assert all(p["ci95"][1] < 1.0 for p in chosen.values()), chosen
         else:
             assert plan.fallback is not None and d["chosen"].startswith("eplb")
@@ -109,3 +111,22 @@ def test_bytes_objective_is_still_available():
     work = clustered(4, n_req=24)
     plan = make_plan("joint", work, Cluster(2, 2), 4, objective="bytes", search_evals=200, iters=1)
     assert plan.balance is not None
+
+
+def test_joint_prices_the_deployments_expert_width():
+    """The evidence prices expert compute and weight reads with the deployment's expert width (a profile's
+    moe_intermediate_size), as the evaluation scores it: a narrow and a wide expert give other candidate times,
+    and the plan records the width it priced."""
+    from moeplace.deploy import Deployment
+
+    work = clustered(2)
+    cl = Cluster(2, 2)
+    got = {}
+    for width in (256, 7168):
+        dep = Deployment(cl, hidden_size=7168, intermediate_size=width, mode="deepep-ll")
+        plan = make_plan("joint", work, cl, 4, deployment=dep)
+        assert plan.cost_model.intermediate_size == width
+        got[width] = {k: v["decode"]["ratio"] for k, v in plan.extra["decision"]["candidates"].items()
+                      if "decode" in v}
+    assert got[256].keys() == got[7168].keys()
+    assert any(abs(got[256][k] - got[7168][k]) > 1e-3 for k in got[256])
