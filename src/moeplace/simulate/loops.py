@@ -737,6 +737,28 @@ def link_refine(x, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ldb, rc, sd, 
 
 
 @njit(cache=True, nogil=True)
+def fill_groups(flat, rows, home, s0, s1, layer, K, rep_gpu, rep_n, gid, x, used, pick):
+    """The pairs of one micro-batch (rows s0..s1) and layer onto their GPUs from the group counts: a group's
+    (home, expert: gid) pairs fill its replica GPUs in slot order, x[j, m] of them on replica m, in token order then
+    k order (``used`` counts them, zero on entry). Single-replica pairs are left as they are in pick. flat: ids
+    raveled [T * L * K]."""
+    LK = pick.shape[1] * K
+    for t in range(s0, s1):
+        h = home[t]
+        ib = rows[t] * LK + layer * K
+        for k in range(K):
+            e = np.int64(flat[ib + k])
+            if rep_n[layer, e] == 1:
+                continue
+            j = gid[h, e]
+            m = 0
+            while used[j, m] == x[j, m]:
+                m += 1
+            used[j, m] += 1
+            pick[t, layer, k] = rep_gpu[layer, e, m]
+
+
+@njit(cache=True, nogil=True)
 def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base, pick, l0, l1):
     """The balanced replica rules: the serving GPU of every pair of complete micro-batches in layers [l0, l1).
 
@@ -888,19 +910,7 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                             ld[g] = lds[g]
                         lo = mid
                 cap = hi
-            for t in range(s0, s1):
-                h = home[t]
-                ib = rows[t] * LK + layer * K
-                for k in range(K):
-                    e = np.int64(flat[ib + k])
-                    if rep_n[layer, e] == 1:
-                        continue
-                    j = gid[h, e]
-                    m = 0
-                    while used[j, m] == x[j, m]:
-                        m += 1
-                    used[j, m] += 1
-                    pick[t, layer, k] = rep_gpu[layer, e, m]
+            fill_groups(flat, rows, home, s0, s1, layer, K, rep_gpu, rep_n, gid, x, used, pick)
             for j in range(J):
                 gid[gh[j], ge[j]] = -1
     return -1
@@ -997,19 +1007,7 @@ def links_kernel(ids, rows, home, starts, rep_gpu, rep_n, base, node, lw, start,
             if J > 0:
                 link_refine(x, xb, gh, ge, J, rep_gpu, rep_n, layer, node, ld, ldb, rc, sd, rcf, sdf, act, mark,
                             stamp, hist, gs, gj, gm, hs, hj, nxt, lw, npairs)
-                for t in range(s0, s1):
-                    h = home[t]
-                    ib = rows[t] * LK + layer * K
-                    for k in range(K):
-                        e = np.int64(flat[ib + k])
-                        if rep_n[layer, e] == 1:
-                            continue
-                        j = gid[h, e]
-                        m = 0
-                        while used[j, m] == x[j, m]:
-                            m += 1
-                        used[j, m] += 1
-                        pick[t, layer, k] = rep_gpu[layer, e, m]
+                fill_groups(flat, rows, home, s0, s1, layer, K, rep_gpu, rep_n, gid, x, used, pick)
             for j in range(J):
                 gid[gh[j], ge[j]] = -1
     return -1
