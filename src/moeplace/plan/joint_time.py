@@ -189,6 +189,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     variants = eplb_variants(expert_groups(work.model), E, N)
     base_rules = BASELINE_RULES if dispatch == "choose" else (rule,)
     cand_rules = CANDIDATE_RULES if dispatch == "choose" else (rule,)
+    own = tuple(r for r in OWN_RULES if r in cand_rules and r not in base_rules)  # EPLB under moeplace's dispatch
 
     def cost_model(r: str) -> CostModel:
         return CostModel(objective="layer_time", rule=r, dedup=mode, hidden_size=hidden,
@@ -281,7 +282,6 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         for name, (p2l, homes) in cands.items():
             h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
             same = (np.ascontiguousarray(p2l).tobytes(), np.ascontiguousarray(h).tobytes())
-            own = tuple(r for r in OWN_RULES if r in cand_rules and r not in base_rules)
             picks: dict[str, dict] = {"prefill": {}, "decode": {}}  # balanced-links starts from balanced's GPUs
             for r in ((*base_rules, *own) if name.startswith("eplb") else cand_rules):
                 for ph, m in (("prefill", pre), ("decode", dec)):
