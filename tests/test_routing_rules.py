@@ -231,6 +231,59 @@ def test_cap_search_reaches_the_least_feasible_max_load(seed):
         assert mx == want if rule == "balanced" else mx >= want
 
 
+def least_cost_at_cap(p2l: np.ndarray, slot_gpu: np.ndarray, node: np.ndarray, home: np.ndarray,
+                      experts: np.ndarray, costs: ReplicaCosts, base: np.ndarray, cap: int) -> float:
+    """The least locality cost of any assignment with no GPU above ``cap``, by linear programming (scipy's HiGHS):
+    one variable per (pair, replica GPU), each pair served once, each GPU's load + base <= cap. The constraint
+    matrix is an interval-bipartite one (totally unimodular), so the LP optimum is the integer one."""
+    from scipy.optimize import linprog
+
+    pairs = experts.ravel()
+    hs = np.repeat(home, experts.shape[1])
+    W = len(base)
+    var_pair, var_gpu, c = [], [], []
+    for i, e in enumerate(pairs):
+        for g in sorted({int(slot_gpu[p]) for p in np.flatnonzero(p2l == e)}):
+            var_pair.append(i), var_gpu.append(g)
+            h = int(hs[i])
+            c.append(0.0 if g == h else costs.intra_cost if node[g] == node[h] else costs.inter_cost)
+    nv = len(c)
+    a_eq = np.zeros((len(pairs), nv))
+    a_eq[var_pair, np.arange(nv)] = 1
+    a_ub = np.zeros((W, nv))
+    a_ub[var_gpu, np.arange(nv)] = 1
+    res = linprog(c, A_ub=a_ub, b_ub=cap - base, A_eq=a_eq, b_eq=np.ones(len(pairs)), bounds=(0, 1),
+                  method="highs")
+    assert res.status == 0, res.message
+    return float(res.fun)
+
+
+@pytest.mark.parametrize("costs", [ReplicaCosts(), ReplicaCosts(intra_cost=0.3, inter_cost=0.7)])
+@pytest.mark.parametrize("seed", range(24))
+def test_balanced_least_locality_at_the_least_max_load_against_lp(seed, costs):
+    """Micro-batches large enough that the balanced rule's solver moves pairs many times (tens of paths through
+    GPUs above the cap): its max load is the least feasible one (max flow) and its locality cost the least at that
+    load (LP), on 3 nodes x 4 GPUs with experts of 1-4 replicas. (A solver that drops its potentials, so that
+    Dijkstra meets negative reduced costs, fails 3 of these seeds.)"""
+    rng = np.random.default_rng(300 + seed)
+    nodes, gpus, E = 3, 4, 10
+    W = nodes * gpus
+    extra = rng.choice(4, size=W * 3 - E, p=[0.4, 0.3, 0.2, 0.1])
+    p2l = np.r_[np.arange(E), extra][rng.permutation(W * 3)]
+    slot_gpu = np.arange(W * 3) // 3
+    node = np.arange(W) // gpus
+    T, K = int(rng.integers(40, 90)), 2
+    ex = np.stack([rng.choice(E, K, replace=False, p=[0.3, 0.2, 0.15, 0.1] + [0.25 / 6] * 6) for _ in range(T)])
+    home = rng.integers(0, gpus, T) + gpus * rng.integers(0, 2, T)  # homes on two nodes: locality matters
+    base = rng.integers(0, 3, W) if seed % 2 else np.zeros(W, np.int64)
+    got = assign_slots(p2l, slot_gpu, node, home, ex, rule="balanced", base_load=base, costs=costs)
+    assert (p2l[got] == ex).all()
+    mx = int((np.bincount(slot_gpu[got].ravel(), minlength=W) + base).max())
+    assert mx == least_feasible_max_load(p2l, slot_gpu, ex, base)
+    _, c = objective(got, ex, home, slot_gpu, node, costs)
+    assert c == pytest.approx(least_cost_at_cap(p2l, slot_gpu, node, home, ex, costs, base, mx), abs=1e-6)
+
+
 def test_request_expert_counts_against_add_at():
     from moeplace.plan.base import request_expert_counts
 

@@ -431,6 +431,107 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
 
 
 @njit(cache=True, nogil=True)
+def settle_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2, gs, gj, gm,
+               pot, done):
+    """:func:`reduce_cap` from a state of least cost for its loads (each group on a cheapest replica is one), by
+    Dijkstra's algorithm on reduced costs instead of Bellman-Ford: the same least added cost at ``cap`` (-1 when
+    no move can reach it), other tie-breaks. pot int64 [W] (potentials, zero on entry), done bool [W]: scratch.
+
+    With potentials p, every residual edge u -> v has reduced cost wc[u, v] + p[u] - p[v] >= 0 (zero potentials
+    hold at a least-cost start). Each step takes the lowest GPU a above cap and settles GPUs in order of reduced
+    distance from a (ties to the lowest GPU), stopping at the first GPU below cap, b; then moves as many pairs as
+    every link of the path allows and raises each GPU's potential by min(its distance, b's). That keeps every
+    reduced cost >= 0 on the new residual graph (edges of the path get 0, new ones follow from the group's
+    old edges), so each path is a cheapest one and the result has the least cost at the cap (successive shortest
+    paths with potentials; Ahuja, Magnanti and Orlin, ch. 9.7). Rows of the residual graph are rebuilt only when a
+    GPU they leave is settled, from the (group, replica) entries on it (gs, gj, gm: CSR).
+    """
+    W = ld.shape[0]
+    big = np.int64(1) << 62
+    added = np.int64(0)
+    dirty = np.ones(W, np.bool_)
+    while True:
+        a = first_above(ld, cap)
+        if a < 0:
+            return added
+        for g in range(W):
+            dist[g] = big
+            done[g] = False
+        dist[a] = 0
+        b = -1
+        while True:
+            u = -1
+            for g in range(W):
+                if not done[g] and dist[g] < big and (u < 0 or dist[g] < dist[u]):
+                    u = g
+            if u < 0:
+                break
+            done[u] = True
+            if u != a and ld[u] < cap:
+                b = u
+                break
+            if dirty[u]:
+                dirty[u] = False
+                for v in range(W):
+                    wc[u, v] = big
+                for i in range(gs[u], gs[u + 1]):
+                    j = gj[i]
+                    m = gm[i]
+                    if x[j, m] == 0:
+                        continue
+                    h = gh[j]
+                    e = ge[j]
+                    cu = cc[h, u]
+                    for m2 in range(rep_n[layer, e]):
+                        if m2 == m:
+                            continue
+                        v = rep_gpu[layer, e, m2]
+                        c = cc[h, v] - cu
+                        if c < wc[u, v]:
+                            wc[u, v] = c
+                            wj[u, v] = j
+                            wm[u, v] = m
+                            wm2[u, v] = m2
+            du = dist[u] + pot[u]
+            for v in range(W):
+                c = wc[u, v]
+                if c == big or done[v]:
+                    continue
+                dv = du + c - pot[v]
+                if dv < dist[v]:
+                    dist[v] = dv
+                    pj[v] = wj[u, v]
+                    pm[v] = wm[u, v]
+                    pm2[v] = wm2[u, v]
+        if b < 0:
+            return -1
+        db = dist[b]
+        d = min(ld[a] - cap, cap - ld[b])
+        v = b
+        for _ in range(W):
+            if v == a:
+                break
+            j = pj[v]
+            d = min(d, x[j, pm[v]])
+            v = rep_gpu[layer, ge[j], pm[v]]
+        v = b
+        for _ in range(W):
+            if v == a:
+                break
+            j = pj[v]
+            x[j, pm[v]] -= d
+            x[j, pm2[v]] += d
+            dirty[v] = True
+            v = rep_gpu[layer, ge[j], pm[v]]
+            dirty[v] = True
+        added += d * (db - pot[a] + pot[b])
+        for g in range(W):
+            pot[g] += min(dist[g], db)
+        ld[a] -= d
+        ld[b] += d
+
+
+@njit(cache=True, nogil=True)
 def entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, nxt):
     """The (group, replica) entries of groups 0..J-1 by GPU, as CSR: GPU g's entries are gj[gs[g]:gs[g + 1]] (group)
     and gm[...] (replica index), in group order. gs int64 [W + 1]; gj, gm int64 [>= J * M]; nxt int64 [W] scratch."""
@@ -772,7 +873,9 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     order of first appearance. Each group starts on its cheapest replica GPU (ties: slot order); then the cap on
     every GPU's load is the lowest k whose step down to k - 1 would add more than ``unit`` of locality cost or be
     infeasible (objective max load x unit + cost is convex in the cap, so that k is its minimum; equal objective:
-    the lower cap), found by bisection over [max(fixed, ceil(mean)), start], each probe by :func:`reduce_cap`.
+    the lower cap), found by bisection over [max(fixed, ceil(mean)), start], each probe by :func:`reduce_cap`. Under
+    ``lexi`` that k is the lowest feasible cap (:func:`min_feasible_cap`), reached by one :func:`settle_cap` from the
+    start.
     Pairs of a group then fill its replica GPUs in slot order, in token order.
     """
     L, K = ids.shape[1], ids.shape[2]
@@ -810,6 +913,8 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
     p1 = np.zeros(W, np.int64)
     p2 = np.zeros(W, np.int64)
     queue = np.zeros(W, np.int64)
+    pot = np.zeros(W, np.int64)
+    done = np.zeros(W, np.bool_)
     ccmax = np.int64(0)
     for h in range(W):
         for g in range(W):
@@ -880,6 +985,16 @@ def balance_kernel(ids, rows, home, starts, rep_gpu, rep_n, cc, unit, lexi, base
                     entries_by_gpu(ge, J, rep_gpu, rep_n, layer, gs, gj, gm, prev)
                     feas = min_feasible_cap(lo, hi, x, ld, ge, J, rep_gpu, rep_n, layer, gs, gj, gm, xf, ldf, cnt,
                                             prev, pg, p1, p2, queue)
+                if lexi:
+                    # any feasible step down adds less than u, so k* is the lowest feasible cap: one successive-
+                    # shortest-path run straight to it gives the least locality cost there (no bisection probes)
+                    if feas < hi:
+                        for g in range(W):
+                            pot[g] = 0
+                        settle_cap(feas, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm,
+                                   wm2, gs, gj, gm, pot, done)
+                    hi = feas
+                    lo = hi
                 first = True
                 while lo < hi:
                     mid = lo + 1 if first else (lo + hi + 1) // 2
