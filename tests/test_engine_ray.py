@@ -201,14 +201,16 @@ def _numbers(x, top: bool = True):
 @pytest.mark.parametrize("bench", ["plan_time", "plan_compare"])
 def test_bench_sweep_on_ray_gives_the_local_numbers(engine, tmp_path, bench):
     """bench/plan_time.py and bench/plan_compare.py --engine ray --address: their strategies x split seeds as Ray
-    tasks, the same JSON but for measured seconds (a tiny configuration of each: 2 seeds, 2 strategies)."""
+    tasks, the same JSON but for measured seconds (a tiny configuration of each: plan_time 1 seed x 2 strategies
+    on reference-fg, plan_compare 2 seeds x 2 strategies on the small bundled trace)."""
     address = ray.get_runtime_context().gcs_address
     if bench == "plan_time":
-        args = ["--workloads", "reference-fg", "--phases", "decode", "--seeds", "2", "--profiles",
+        args = ["--workloads", "reference-fg", "--phases", "decode", "--seeds", "1", "--profiles",
                 "sglang-h200-ep16", "--strategies", "eplb,joint"]
         out = {e: (["--json", tmp_path / f"{e}.json"], tmp_path / f"{e}.json") for e in ("local", "ray")}
     else:
-        args = ["--trace", FG, "--clusters", "2x4", "--seeds", "2", "--strategies", "eplb,activation-clusters"]
+        args = ["--trace", DATA_DIR / "reference-default.trace", "--clusters", "2x4", "--seeds", "2",
+                "--strategies", "eplb,activation-clusters"]
         out = {e: (["--out", tmp_path / e], tmp_path / f"{e}_2x4.json") for e in ("local", "ray")}
     got = {}
     for eng, extra in (("local", []), ("ray", ["--engine", "ray", "--address", address])):
