@@ -140,6 +140,16 @@ def test_compare_on_ray_is_the_sequential_answer(engine):
     assert a == b
 
 
+def _nice(_: int) -> int:
+    return os.nice(0)
+
+
+def test_local_cluster_workers_run_at_the_commands_priority(engine):
+    """Ray starts workers at nice 15 by default; a local cluster's workers do the command's work, so they run at
+    the driver's niceness (beside busy processes nice-15 workers got ~1/20 of the CPU)."""
+    assert set(engine.map(_nice, range(4))) == {os.nice(0)}
+
+
 def test_simulate_on_ray_is_byte_identical(engine):
     from moeplace.placement import Cluster
     from moeplace.simulate import BatchConfig, simulate
