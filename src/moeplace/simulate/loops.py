@@ -320,6 +320,63 @@ def first_above(load, cap):
     return -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def residual_row(u, x, gh, ge, rep_gpu, rep_n, layer, cc, wc, wj, wm, wm2, gs, gj, gm):
+    """Row u of the residual graph on GPUs (:func:`reduce_cap`, :func:`settle_cap`): wc[u, v] the cheapest move of
+    one pair of any group with pairs on u to its replica on v (first in group then replica order; 1 << 62 where
+    none), wj, wm, wm2 its group and replica indices. Built from the (group, replica) entries on u (gs, gj, gm:
+    CSR, groups in order)."""
+    big = np.int64(1) << 62
+    for v in range(wc.shape[1]):
+        wc[u, v] = big
+    for i in range(gs[u], gs[u + 1]):
+        j = gj[i]
+        m = gm[i]
+        if x[j, m] == 0:
+            continue
+        h = gh[j]
+        e = ge[j]
+        cu = cc[h, u]
+        for m2 in range(rep_n[layer, e]):
+            if m2 == m:
+                continue
+            v = rep_gpu[layer, e, m2]
+            c = cc[h, v] - cu
+            if c < wc[u, v]:
+                wc[u, v] = c
+                wj[u, v] = j
+                wm[u, v] = m
+                wm2[u, v] = m2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def augment(a, b, cap, x, ge, rep_gpu, layer, ld, pj, pm, pm2, dirty):
+    """Move pairs from GPU a (above cap) to b (below it) along the path pj/pm/pm2 leads back from b, as many as
+    every link and both caps allow; marks the GPUs on the path dirty, updates x and ld. Returns the pairs moved."""
+    W = ld.shape[0]
+    d = min(ld[a] - cap, cap - ld[b])
+    v = b
+    for _ in range(W):
+        if v == a:
+            break
+        j = pj[v]
+        d = min(d, x[j, pm[v]])
+        v = rep_gpu[layer, ge[j], pm[v]]
+    v = b
+    for _ in range(W):
+        if v == a:
+            break
+        j = pj[v]
+        x[j, pm[v]] -= d
+        x[j, pm2[v]] += d
+        dirty[v] = True
+        v = rep_gpu[layer, ge[j], pm[v]]
+        dirty[v] = True
+    ld[a] -= d
+    ld[b] += d
+    return d
+
+
 @njit(cache=True, nogil=True)
 def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, pm2, wc, wj, wm, wm2, gs, gj, gm):
     """Successive shortest paths: move pairs between replicas until no GPU holds more than ``cap`` pairs, at the
@@ -350,29 +407,9 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
         # the rows of the GPUs on its path are rebuilt, each from the (group, replica) entries on that GPU (gs, gj,
         # gm: CSR, groups in order), which gives the same graph as a full rebuild.
         for u in range(W):
-            if not dirty[u]:
-                continue
-            dirty[u] = False
-            for v in range(W):
-                wc[u, v] = big
-            for i in range(gs[u], gs[u + 1]):
-                j = gj[i]
-                m = gm[i]
-                if x[j, m] == 0:
-                    continue
-                h = gh[j]
-                e = ge[j]
-                cu = cc[h, u]
-                for m2 in range(rep_n[layer, e]):
-                    if m2 == m:
-                        continue
-                    v = rep_gpu[layer, e, m2]
-                    c = cc[h, v] - cu
-                    if c < wc[u, v]:
-                        wc[u, v] = c
-                        wj[u, v] = j
-                        wm[u, v] = m
-                        wm2[u, v] = m2
+            if dirty[u]:
+                dirty[u] = False
+                residual_row(u, x, gh, ge, rep_gpu, rep_n, layer, cc, wc, wj, wm, wm2, gs, gj, gm)
         for g in range(W):
             dist[g] = big
             pj[g] = -1
@@ -407,27 +444,8 @@ def reduce_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
                 b = g
         if b < 0:
             return -1
-        d = min(ld[a] - cap, cap - ld[b])
-        v = b
-        for _ in range(W):
-            if v == a:
-                break
-            j = pj[v]
-            d = min(d, x[j, pm[v]])
-            v = rep_gpu[layer, ge[j], pm[v]]
-        v = b
-        for _ in range(W):
-            if v == a:
-                break
-            j = pj[v]
-            x[j, pm[v]] -= d
-            x[j, pm2[v]] += d
-            dirty[v] = True
-            v = rep_gpu[layer, ge[j], pm[v]]
-            dirty[v] = True
+        d = augment(a, b, cap, x, ge, rep_gpu, layer, ld, pj, pm, pm2, dirty)
         added += d * dist[b]
-        ld[a] -= d
-        ld[b] += d
 
 
 @njit(cache=True, nogil=True)
@@ -472,26 +490,7 @@ def settle_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
                 break
             if dirty[u]:
                 dirty[u] = False
-                for v in range(W):
-                    wc[u, v] = big
-                for i in range(gs[u], gs[u + 1]):
-                    j = gj[i]
-                    m = gm[i]
-                    if x[j, m] == 0:
-                        continue
-                    h = gh[j]
-                    e = ge[j]
-                    cu = cc[h, u]
-                    for m2 in range(rep_n[layer, e]):
-                        if m2 == m:
-                            continue
-                        v = rep_gpu[layer, e, m2]
-                        c = cc[h, v] - cu
-                        if c < wc[u, v]:
-                            wc[u, v] = c
-                            wj[u, v] = j
-                            wm[u, v] = m
-                            wm2[u, v] = m2
+                residual_row(u, x, gh, ge, rep_gpu, rep_n, layer, cc, wc, wj, wm, wm2, gs, gj, gm)
             du = dist[u] + pot[u]
             for v in range(W):
                 c = wc[u, v]
@@ -506,29 +505,10 @@ def settle_cap(cap, x, gh, ge, J, rep_gpu, rep_n, layer, cc, ld, dist, pj, pm, p
         if b < 0:
             return -1
         db = dist[b]
-        d = min(ld[a] - cap, cap - ld[b])
-        v = b
-        for _ in range(W):
-            if v == a:
-                break
-            j = pj[v]
-            d = min(d, x[j, pm[v]])
-            v = rep_gpu[layer, ge[j], pm[v]]
-        v = b
-        for _ in range(W):
-            if v == a:
-                break
-            j = pj[v]
-            x[j, pm[v]] -= d
-            x[j, pm2[v]] += d
-            dirty[v] = True
-            v = rep_gpu[layer, ge[j], pm[v]]
-            dirty[v] = True
+        d = augment(a, b, cap, x, ge, rep_gpu, layer, ld, pj, pm, pm2, dirty)
         added += d * (db - pot[a] + pot[b])
         for g in range(W):
             pot[g] += min(dist[g], db)
-        ld[a] -= d
-        ld[b] += d
 
 
 @njit(cache=True, nogil=True)
