@@ -114,6 +114,16 @@ class LinkWeights:
                         np.int64)
 
 
+def writable_arrays(state: dict) -> dict:
+    """``state`` with every read-only numpy array replaced by a writable copy (the others as they are).
+
+    For ``__setstate__`` of objects that travel to worker processes: Ray (pickle protocol 5) hands arrays back
+    as read-only views of its object store, and numba compiles a separate copy of each kernel for every
+    read-only argument type (about 40 s per worker process for the simulator's kernels, on 2 cores). The tables
+    are small next to the work a task does with them."""
+    return {k: v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for k, v in state.items()}
+
+
 @dataclass(frozen=True)
 class RouteTables:
     """Replica candidates of every (layer, expert, home GPU), precomputed from a placement.
@@ -139,6 +149,9 @@ class RouteTables:
     @property
     def num_layers(self) -> int:
         return self.cand_slot.shape[0]
+
+    def __setstate__(self, state: dict) -> None:
+        object.__setattr__(self, "__dict__", writable_arrays(state))
 
     def serve_table(self, layer: int) -> np.ndarray:
         """int64 [W, E]: the GPU serving expert e for a token homed on GPU h in ``layer`` (nearest-static)."""

@@ -43,6 +43,7 @@ from moeplace.simulate.routing import (
     build_route_tables,
     check_rule,
     two_hop_matrix,
+    writable_arrays,
 )
 from moeplace.trace.budget import check_memory, memory_budget
 from moeplace.trace.reader import (
@@ -76,6 +77,9 @@ class _Ctx:
     serve: np.ndarray | None = None  # int16 [L*E*W] the kernels' table for ``rule`` (RouteTables.kernel_serve)
     node: np.ndarray | None = None  # int64 [W] node of each GPU
     replica_costs: ReplicaCosts | None = None  # locality costs of the balanced-local rule (None: defaults)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(writable_arrays(state))  # arrays from Ray's object store are read-only
 
     def pick(self, ids: np.ndarray, rows: np.ndarray, home: np.ndarray, starts: np.ndarray,
              start: np.ndarray | None = None) -> np.ndarray:
