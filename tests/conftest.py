@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,47 @@ def small_trace(tmp_path):
                        prompt_len=[5] * 6, gen_len=[4] * 6)
         w.add_tokens(arr["request_id"], arr["position"], arr["phase"], arr["expert_ids"], arr["expert_weights"])
     return path, arr, meta
+
+
+# ------------------------------------------------------------------------------------------- file order
+# scripts/test.sh runs whole files on 2 xdist workers (--dist loadfile --no-loadscope-reorder): they take files in
+# collection order, so the longest go first (longest-processing-time-first) and no long file is left to run alone
+# at the end. tests/file_seconds.json holds each file's seconds from a full run (MOEPLACE_RECORD_FILE_SECONDS=PATH
+# writes a new one); a file it does not list counts as the median.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+
+    try:
+        seconds = {k: float(v) for k, v in json.loads(FILE_SECONDS.read_text())["seconds"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # no timings: collection order
+    median = float(np.median(list(seconds.values()))) if seconds else 0.0
+    first = {}
+    for i, it in enumerate(items):
+        first.setdefault(_file_of(it.nodeid), i)
+    items.sort(key=lambda it: (-seconds.get(_file_of(it.nodeid), median), first[_file_of(it.nodeid)]))
+
+
+_seconds_by_file: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("MOEPLACE_RECORD_FILE_SECONDS"):
+        f = _file_of(report.nodeid)
+        _seconds_by_file[f] = _seconds_by_file.get(f, 0.0) + float(report.duration)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = os.environ.get("MOEPLACE_RECORD_FILE_SECONDS")
+    if out and _seconds_by_file and not hasattr(session.config, "workerinput"):  # the controller (or no xdist)
+        from moeplace.io import atomic_write_json
+
+        atomic_write_json({"what": "seconds per test file (setup + call + teardown) of one full suite run",
+                           "seconds": {k: round(v, 2) for k, v in sorted(_seconds_by_file.items())}}, out)

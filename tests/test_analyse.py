@@ -449,3 +449,18 @@ def test_olmoe_vs_mixtral_domain_divergence(tmp_path):
         js[name] = res["domain"]["js_divergence_mean"]
     assert js["olmoe"] > 0.1 and js["mistral"] < 0.01 and js["olmoe"] > 20 * js["mistral"]
     assert math.isclose(js["olmoe"], 0.1772, abs_tol=1e-3) and math.isclose(js["mistral"], 0.0033, abs_tol=2e-4)
+
+
+def test_row_average_ranks_are_scipys_rankdata():
+    """moeplace's tie-averaged ranks against scipy.stats.rankdata (the library it replaces in analyze's import path),
+    on continuous rows and on rows full of ties."""
+    from scipy.stats import rankdata
+
+    from moeplace.analyse.stats import row_average_ranks
+
+    rng = np.random.default_rng(7)
+    for t in range(200):
+        N, E = int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        x = rng.integers(0, int(rng.integers(1, 8)), (N, E)) if t % 2 else rng.standard_normal((N, E))
+        np.testing.assert_array_equal(row_average_ranks(x), rankdata(x, axis=1))
+    assert row_average_ranks(np.zeros((3, 0))).shape == (3, 0)
