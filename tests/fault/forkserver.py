@@ -47,7 +47,8 @@ def _child(req: dict) -> int:
 # again (numba, pyarrow and the kernels' modules: about 0.9 s of each ``analyze``). torch is left out: the commands
 # that need it import it in the child, as a fresh interpreter does.
 PRELOAD = ("pyarrow.compute", "moeplace.trace.reader", "moeplace.trace.writer", "moeplace.analyse.summary",
-           "moeplace.simulate.simulator", "moeplace.plan.registry", "moeplace.evaluate.compare")
+           "moeplace.simulate.simulator", "moeplace.plan.registry", "moeplace.plan.joint", "moeplace.evaluate.compare",
+           "moeplace.operate.service", "moeplace.analyse.report")
 
 
 def serve() -> None:
