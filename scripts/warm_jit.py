@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -60,12 +61,8 @@ def commands(out: Path) -> tuple[list[list[str]], list[list[str]]]:
 
 def run_list(cmds: list[list[str]]) -> subprocess.Popen:
     """One process that runs ``cmds`` in order and stops at the first failure."""
-    script = " && ".join(" ".join(_quote(a) for a in c) for c in cmds)
+    script = " && ".join(shlex.join(c) for c in cmds)
     return subprocess.Popen(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _quote(a: str) -> str:
-    return "'" + a.replace("'", "'\\''") + "'"
 
 
 def main(argv: list[str] | None = None) -> int:

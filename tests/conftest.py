@@ -83,10 +83,8 @@ def pytest_collection_modifyitems(config, items):
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # no timings: collection order
     median = float(np.median(list(seconds.values()))) if seconds else 0.0
-    first = {}
-    for i, it in enumerate(items):
-        first.setdefault(_file_of(it.nodeid), i)
-    items.sort(key=lambda it: (-seconds.get(_file_of(it.nodeid), median), first[_file_of(it.nodeid)]))
+    # a stable sort: a file's tests stay together and in order, files of equal seconds in collection order
+    items.sort(key=lambda it: -seconds.get(_file_of(it.nodeid), median))
 
 
 _seconds_by_file: dict[str, float] = {}
