@@ -196,7 +196,8 @@ def measure(args: argparse.Namespace, run: BenchRun, engine) -> int:
                       f"{said}{rsaid} ({time.perf_counter() - t0:.0f} s)", flush=True)
     for v in results.values():  # the full compare answers are large; keep what the tables need
         v.pop("compare")
-    decided_wins = [k for k, v in results.items() for n, b in v["strategies"].items()
+    # setting/strategy, as the losses: a setting where two strategies win is listed once per strategy, by name
+    decided_wins = [k + "/" + n for k, v in results.items() for n, b in v["strategies"].items()
                     if b and n != "eplb" and b["ci95"][1] < 1.0]
     decided_losses = [k + "/" + n for k, v in results.items() for n, b in v["strategies"].items()
                       if b and b["ci95"][0] > 1.0]
