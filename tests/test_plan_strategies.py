@@ -133,6 +133,22 @@ def test_grouping_capacity_and_kmeans():
     assert Grouper.from_json(g.to_json()).assign(x).tolist() == g.assign(x).tolist()
 
 
+def test_admission_gives_every_node_exactly_its_share_when_w_does_not_divide_the_round():
+    """3 x 8 GPUs, round_size 64: every request prefers node 0. Node 0 may take only a third of the requests (a
+    round is 72 = 64 rounded up to a multiple of 24), not ceil(64 / 24) * 8 = 24 of every 64 (37.5%)."""
+    from moeplace.placement.grouper import admission_round
+
+    assert admission_round(64, 24) == 72 and admission_round(64, 8) == 64 and admission_round(64, 32) == 64
+    N, G, R = 3, 8, 720
+    scores = np.tile(np.array([[1.0, 0.5, 0.0]]), (R, 1))
+    homes = assign_rounds(scores, G, 64)
+    per_node = np.bincount(homes // G, minlength=N)
+    assert per_node.tolist() == [240, 240, 240]
+    assert np.bincount(homes, minlength=N * G).tolist() == [30] * (N * G)
+    for s in range(0, R, 72):  # any full round: at most (here exactly) a third per node
+        assert np.bincount(homes[s:s + 72] // G, minlength=N).max() <= 24
+
+
 def test_joint_beats_linear_and_respects_floor_on_clustered_workload(work):
     from moeplace.plan.joint import simulated_load, window_objective
     from moeplace.simulate.routing import mean_balancedness

@@ -76,9 +76,11 @@ def reference_counts(held, prefix_tokens: int = 32) -> np.ndarray:
 
 
 def reference_online(scores: np.ndarray, G: int, round_size: int) -> list[int]:
-    """Online admission written out from docs/ROUTE.md: best node with room, counters reset every round."""
+    """Online admission written out from docs/ROUTE.md: rounds of round_size rounded up to a multiple of W, a node
+    takes at most its share of a round, best node with room, counters reset every round."""
     R, N = scores.shape
-    cap = -(-round_size // (N * G)) * G
+    round_size = -(-round_size // (N * G)) * (N * G)
+    cap = round_size // N
     taken, nxt, out = [0] * N, [0] * N, []
     for i in range(R):
         best = sorted(range(N), key=lambda n: (-scores[i, n], n))

@@ -116,19 +116,35 @@ class Grouper:
             raise ValueError(f"grouper: malformed JSON ({e})") from None
 
 
-def assign_rounds(node_score: np.ndarray, gpus_per_node: int, round_size: int = DEFAULT_ROUND) -> np.ndarray:
-    """int64 [Rq]: homes for requests in arrival order, admitted in rounds of ``round_size``.
+def admission_round(round_size: int, world_size: int) -> int:
+    """Requests per admission round: ``round_size`` rounded up to a multiple of the GPU count ``world_size``, so that
+    a full round gives every node exactly its share (``round / N``) and every GPU ``round / W``.
 
-    node_score: float [Rq, N]. In each round every GPU takes at most ceil(round / W) requests (node capacity is G
-    times that); inside a node, GPUs take turns (round-robin across rounds), so their home counts differ by at most one.
+    Without the rounding a node could take ``ceil(round_size / W) * G`` of ``round_size`` requests: 24 of 64 at
+    3 x 8 GPUs, 12.5% above its share, and grouped homes put up to 1.14x the mean requests on one GPU there, an
+    attention (DP rank) load the MoE layer time does not price. At 4 x 2, 2 x 8 and 4 x 8 the default 64 is already
+    a multiple of W and nothing changes."""
+    if round_size < 1 or world_size < 1:
+        raise ValueError(f"admission_round: round_size and world_size must be >= 1, got {round_size}, {world_size}")
+    return -(-int(round_size) // int(world_size)) * int(world_size)
+
+
+def assign_rounds(node_score: np.ndarray, gpus_per_node: int, round_size: int = DEFAULT_ROUND) -> np.ndarray:
+    """int64 [Rq]: homes for requests in arrival order, admitted in rounds of :func:`admission_round` (``round_size``
+    rounded up to a multiple of W).
+
+    node_score: float [Rq, N]. In each round every GPU takes at most ceil(len(round) / W) requests (node capacity is
+    G times that: exactly its share of a full round); inside a node, GPUs take turns (round-robin across rounds), so
+    their home counts differ by at most one.
     """
     R, N = node_score.shape
     G = gpus_per_node
     W = N * G
+    step = admission_round(round_size, W)
     homes = np.empty(R, np.int64)
     nxt = np.zeros(N, np.int64)  # next GPU inside each node (round-robin across rounds)
-    for s in range(0, R, round_size):
-        sc = node_score[s:s + round_size]
+    for s in range(0, R, step):
+        sc = node_score[s:s + step]
         per_gpu = -(-len(sc) // W)
         node = balanced_assign(sc, np.full(N, per_gpu * G))
         for n in range(N):

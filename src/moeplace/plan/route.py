@@ -15,8 +15,9 @@ plan's GPU numbering: rank r sits on node r // G), ``node`` = r // G in [0, N), 
 node is one decode instance of G GPUs that holds every expert, the instance to send the request to).
 
 Admission (the grouper's rounds, :func:`moeplace.placement.grouper.assign_rounds`): requests are admitted in rounds
-of ``round_size`` in arrival order; in a round each node takes at most ``cap = ceil(round_size / W) * G``
-requests, so no node gets more than its share; inside a node the GPUs take turns. Two forms:
+of ``round = ceil(round_size / W) * W`` (``round_size`` rounded up to a multiple of the GPU count,
+:func:`moeplace.placement.grouper.admission_round`) in arrival order; in a round each node takes at most
+``cap = round / N`` requests, exactly its share; inside a node the GPUs take turns. Two forms:
 
 - :meth:`Router.route_batch` (a whole round or more at once): exactly ``assign_rounds``. Inside a round requests
   are placed in order of decreasing regret (best score minus second best), each on its best node with room. This
@@ -25,8 +26,8 @@ requests, so no node gets more than its share; inside a node the GPUs take turns
 - :meth:`Router.route` (one request at a time, stateful, for a router that must answer at once): per-node counters
   ``taken[n]`` and the request's position ``k`` in the current round; the request goes to its best-scoring node
   with ``taken[n] < cap`` (ties: the lowest node index), ``taken[n] += 1``, its GPU is ``n * G + next[n] % G``
-  (``next[n] += 1``, kept across rounds); after ``round_size`` requests ``k`` and ``taken`` reset to 0. So every
-  round of ``round_size`` consecutive requests gives each node at most ``cap`` of them (the same bound as the batch
+  (``next[n] += 1``, kept across rounds); after ``round`` requests ``k`` and ``taken`` reset to 0. So every
+  round of ``round`` consecutive requests gives each node at most ``cap`` of them (the same bound as the batch
   form), and the answer is a function of the arrival order alone. It equals the batch form whenever no node fills
   up inside a round; where one does, the batch form reorders the round by regret and the online form cannot.
 """
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from moeplace.placement import Grouper, Plan
-from moeplace.placement.grouper import assign_rounds
+from moeplace.placement.grouper import admission_round, assign_rounds
 from moeplace.plan.base import request_expert_counts, workload_from_tokens
 from moeplace.trace.types import Trace
 
@@ -64,10 +65,11 @@ NUMBERING = {
 }
 FEATURE = ("prefill expert counts [len(layers) or num_moe_layers][num_experts] over the MoE layers in 'layers' "
            "(null: all), flattened layer-major, divided by their L2 norm; node n's score = feature . weights[n]")
-ADMISSION = ("rounds of round_size requests in arrival order; a node takes at most ceil(round_size / world_size) * "
-             "gpus_per_node per round; batch form: a round's requests by decreasing regret onto their best node "
-             "with room (moeplace.placement.grouper.assign_rounds); online form: each request onto its best node "
-             "with room, counters reset every round_size requests; inside a node GPUs take turns")
+ADMISSION = ("rounds of round = ceil(round_size / world_size) * world_size requests in arrival order; a node takes "
+             "at most round / num_nodes per round (exactly its share of a full round); batch form: a round's "
+             "requests by decreasing regret onto their best node with room "
+             "(moeplace.placement.grouper.assign_rounds); online form: each request onto its best node with room, "
+             "counters reset every round requests; inside a node GPUs take turns")
 
 
 # ------------------------------------------------------------------------------------------ input adapters
@@ -238,7 +240,8 @@ class Router:
         self.strategy, self.planned_on = strategy, planned_on
         self.feature_layers = tuple(range(L)) if layers is None else tuple(layers)
         N, G = grouper.num_nodes, grouper.gpus_per_node
-        self.cap = -(-grouper.round_size // (N * G)) * G  # requests per node per round
+        self.round = admission_round(grouper.round_size, N * G)  # requests per round (a multiple of W)
+        self.cap = self.round // N  # requests per node per round: exactly its share
         self._lock = threading.Lock()
         self.reset()
 
@@ -370,14 +373,14 @@ class Router:
             self.taken[n] += 1
             self.next_gpu[n] += 1
             self.admitted += 1
-            if self.admitted % self.grouper.round_size == 0:
+            if self.admitted % self.round == 0:
                 self.taken[:] = 0
         return self.decision(rank)
 
     @property
     def round_position(self) -> int:
         """Requests routed online in the current round."""
-        return self.admitted % self.grouper.round_size
+        return self.admitted % self.round
 
 
 ADMISSIONS = ("batch", "online")  # Router.route_batch, or Router.route one request at a time from a fresh state
