@@ -80,7 +80,8 @@ def _time_params() -> tuple[Param, ...]:
 
 
 SEED = Param("seed", int, 0, "random seed", lo=0, hi=2**32 - 1)
-ROUND = Param("round_size", int, DEFAULT_ROUND, "requests admitted per scheduling round", lo=1)
+ROUND = Param("round_size", int, DEFAULT_ROUND, "requests admitted per scheduling round, rounded up to a multiple "
+              "of the GPU count (each node takes exactly its share of a round)", lo=1)
 FIT = Param("max_fit_requests", int, 4096, "requests the grouper is fitted on at most", lo=1)
 
 _P = "moeplace.plan"
