@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -76,8 +77,6 @@ def _file_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    import json
-
     try:
         seconds = {k: float(v) for k, v in json.loads(FILE_SECONDS.read_text())["seconds"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -118,12 +118,9 @@ class Grouper:
 
 def admission_round(round_size: int, world_size: int) -> int:
     """Requests per admission round: ``round_size`` rounded up to a multiple of the GPU count ``world_size``, so that
-    a full round gives every node exactly its share (``round / N``) and every GPU ``round / W``.
-
-    Without the rounding a node could take ``ceil(round_size / W) * G`` of ``round_size`` requests: 24 of 64 at
-    3 x 8 GPUs, 12.5% above its share, and grouped homes put up to 1.14x the mean requests on one GPU there, an
-    attention (DP rank) load the MoE layer time does not price. At 4 x 2, 2 x 8 and 4 x 8 the default 64 is already
-    a multiple of W and nothing changes."""
+    a full round gives every node exactly its share (``round / N``) and every GPU ``round / W``. Where W does not
+    divide ``round_size`` (64 at 3 x 8 GPUs) a node would otherwise take more than its share: an attention load
+    the MoE layer time does not price (docs/ROUTE.md, "Admission")."""
     if round_size < 1 or world_size < 1:
         raise ValueError(f"admission_round: round_size and world_size must be >= 1, got {round_size}, {world_size}")
     return -(-int(round_size) // int(world_size)) * int(world_size)
