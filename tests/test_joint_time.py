@@ -130,3 +130,25 @@ def test_joint_prices_the_deployments_expert_width():
                       if "decode" in v}
     assert got[256].keys() == got[7168].keys()
     assert any(abs(got[256][k] - got[7168][k]) > 1e-3 for k in got[256])
+
+
+def test_joint_deploys_the_builder_its_evidence_chose_rebuilt_on_every_planning_request():
+    """The evidence (built on one fold, timed on the other) picks a candidate; by default the deployed plan is that
+    candidate rebuilt on all the planning requests, ``deploy="as-built"`` the very plan the first fold's evidence
+    timed. Same evidence and choice either way; the rebuilt grouper learned on twice the requests; deterministic."""
+    import pytest
+
+    work = clustered(2, n_req=256)
+    cluster = Cluster(2, 2)
+    kw = {"hidden_size": 7168, "prefill_tokens": 128}
+    rebuilt = make_plan("joint", work, cluster, 4, **kw)
+    built = make_plan("joint", work, cluster, 4, deploy="as-built", **kw)
+    d, e = rebuilt.extra["decision"], built.extra["decision"]
+    assert d["deployed"] == "candidate" and d["chosen"] == e["chosen"] and d["candidates"] == e["candidates"]
+    assert (d["deploy"], d["built_on_requests"]) == ("rebuilt", 256)
+    assert (e["deploy"], e["built_on_requests"]) == ("as-built", 128)
+    assert not np.array_equal(rebuilt.grouper.weights, built.grouper.weights)
+    again = make_plan("joint", work, cluster, 4, **kw)
+    assert again.to_json() == rebuilt.to_json()
+    with pytest.raises(ValueError, match="deploy"):
+        make_plan("joint", work, cluster, 4, deploy="best", **kw)

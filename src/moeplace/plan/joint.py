@@ -347,7 +347,7 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                combine_bytes: float = 2.0, mode: str = "auto", rule: str = "nearest-least-loaded",
                overlap: bool = False, decode_batch: int = 256, prefill_tokens: int = 8192,
                decode_running: int | None = None, dispatch: str = "choose", phases: str = "both",
-               cv_folds: int = 2, intermediate_size: int | None = None) -> StrategyResult:
+               cv_folds: int = 2, intermediate_size: int | None = None, deploy: str = "rebuilt") -> StrategyResult:
     """Registry adapter for the joint strategy.
 
     objective: ``time`` (default; :mod:`moeplace.plan.joint_time`: predicted layer time per micro-batch, never
@@ -371,7 +371,7 @@ def plan_joint(work: Workload, cluster: Cluster, num_redundant: int, balance_flo
                                mode=mode, rule=rule, overlap=overlap, decode_batch=decode_batch,
                                prefill_tokens=prefill_tokens, max_eval_requests=max_check_requests,
                                decode_running=decode_running, dispatch=dispatch, phases=phases,
-                               cv_folds=cv_folds, intermediate_size=intermediate_size)
+                               cv_folds=cv_folds, intermediate_size=intermediate_size, deploy=deploy)
     if objective != "bytes":
         raise ValueError(f"joint: objective must be 'time' or 'bytes', got {objective!r}")
     if not 0.0 < balance_floor <= 1.0:

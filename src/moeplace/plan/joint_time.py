@@ -39,7 +39,7 @@ import numpy as np
 
 from moeplace.placement import Cluster, CostModel, Fallback
 from moeplace.placement.grouper import DEFAULT_ROUND, Grouper
-from moeplace.plan.activation_clusters import fill_node_slots, pack_by_use, usage_weights
+from moeplace.plan.activation_clusters import fill_node_slots, pack_by_dispatch, pack_by_use, usage_weights
 from moeplace.plan.base import StrategyResult, Workload, check_sizes, load_from_tokens
 from moeplace.plan.grouping import kmeans
 from moeplace.plan.joint_common import assign_all, feature_layers, initial_placement, signal_features, use_by_gpu
@@ -50,6 +50,8 @@ from moeplace.simulate.simulator import simulate_rows
 
 DEFAULT_HIDDEN = 4096  # elements per token vector when the window does not say (a trace's metadata usually does)
 GROUPINGS = ("signal", "usage")  # how grouped candidates group requests (see grouping() in plan_joint_time)
+REPACKED = "+dispatch"  # suffix of a grouped candidate repacked by :func:`pack_by_dispatch`
+DEPLOY_CHOICES = ("rebuilt", "as-built")  # the grouped plan deployed: rebuilt on every planning request, or the fold's
 MAX_EVAL_REQUESTS = 2048  # requests the candidates are scored on (the grouper still homes every request)
 
 
@@ -158,7 +160,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
                     decode_batch: int = 256, prefill_tokens: int = 8192,
                     max_eval_requests: int = MAX_EVAL_REQUESTS, decode_running: int | None = None,
                     dispatch: str = "choose", phases: str = "both", cv_folds: int = CV_FOLDS,
-                    intermediate_size: int | None = None) -> StrategyResult:
+                    intermediate_size: int | None = None, deploy: str = "rebuilt") -> StrategyResult:
     """The time objective (see the module docstring), priced with the deployment's time model (hidden_size:
     default the window's, else 4096; element bytes, kernel mode, overlap, batch sizes; intermediate_size: the
     expert width that prices compute and weight reads, default the model preset's, else hidden_size, as the
@@ -180,6 +182,8 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         raise ValueError(f"joint: dispatch must be 'choose' or 'fixed', got {dispatch!r}")
     if phases not in PHASE_CHOICES:
         raise ValueError(f"joint: phases must be one of {PHASE_CHOICES}, got {phases!r}")
+    if deploy not in DEPLOY_CHOICES:
+        raise ValueError(f"joint: deploy must be one of {DEPLOY_CHOICES}, got {deploy!r}")
     P, _ = check_sizes(work.num_layers, work.num_experts, cluster, num_redundant)
     N, G, W, E, L = cluster.num_nodes, cluster.gpus_per_node, cluster.world_size, work.num_experts, work.num_layers
     Rq = work.num_requests
@@ -190,6 +194,8 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     base_rules = BASELINE_RULES if dispatch == "choose" else (rule,)
     cand_rules = CANDIDATE_RULES if dispatch == "choose" else (rule,)
     own = tuple(r for r in OWN_RULES if r in cand_rules and r not in base_rules)  # EPLB under moeplace's dispatch
+    # the repacked candidates are timed under one balanced rule (the links-aware one where allowed)
+    repack_rule = next((r for r in ("balanced-links", "balanced") if r in cand_rules), None)
 
     def cost_model(r: str) -> CostModel:
         return CostModel(objective="layer_time", rule=r, dedup=mode, hidden_size=hidden,
@@ -226,22 +232,45 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
             g = Grouper(w, G, round_size, kind="usage-ridge", layers=flayers)
         return g, assign_all(g, work)  # features in chunks: bounded memory on 100k-request windows
 
-    def build(train: np.ndarray) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Grouper]]:
+    def build(train: np.ndarray, only: str | None = None
+              ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, Grouper]]:
         """Candidate placements built on ``train``: name -> (phy2log [L, P], homes [Rq]), and the groupers by
-        grouping (a candidate named ``usage-...`` uses the ``usage`` one)."""
+        grouping (a candidate named ``usage-...`` uses the ``usage`` one). ``only``: the one grouped candidate of
+        that name (and EPLB's global placement, which one of them takes its replica counts from)."""
         sel = np.isin(work.token_request, train)
         tr, ids = work.token_request[sel], work.expert_ids[sel]
         load = requests_load(work, train)  # built as the deployed baseline is (never an empty load)
-        out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants}
+        out = {name: (rebalance(load, P, g, N, W), rr) for name, g in variants if only is None or name == "eplb"}
+        base = None if only is None else only.removesuffix(REPACKED)
         groupers = {}
-        for by in groupings:
+        for by in groupings if only is None else (grouping_of(only),):
             groupers[by], homes = grouping(train, by)
             pre = "" if by == "signal" else by + "-"
             use_n = node_use(tr, ids, homes, N, G, E)
-            out[pre + "node-affinity"] = (place_by_node_affinity(node_counts(tr, ids, homes // G, N, E), P, G), homes)
-            out[pre + "affinity"] = (initial_placement(use_n, P, G), homes)
-            out[pre + "affinity+eplb-replicas"] = (affinity_with_counts(use_n, replica_counts(out["eplb"][0], E), P,
-                                                                        G), homes)
+            for kind in ("node-affinity", "affinity", "affinity+eplb-replicas"):
+                if base is None or base == pre + kind:
+                    if kind == "node-affinity":
+                        p2l = place_by_node_affinity(node_counts(tr, ids, homes // G, N, E), P, G)
+                    elif kind == "affinity":
+                        p2l = initial_placement(use_n, P, G)
+                    else:
+                        p2l = affinity_with_counts(use_n, replica_counts(out["eplb"][0], E), P, G)
+                    out[pre + kind] = (p2l, homes)
+        if repack_rule is not None and "usage" in groupers and (only is None or only.endswith(REPACKED)):
+            # each usage-grouped placement again, repacked by what the dispatch puts on its slots (the usage
+            # groupings are the ones built for decode; a work budget: repacking all six doubled the plan time)
+            idx = np.full(Rq, -1, np.int64)
+            idx[train] = np.arange(len(train))
+            pre_t = (work.prefill_rows if work.prefill_rows is not None else work.admission_rows)[sel]
+            dec_t = ~work.admission_rows[sel] & ~pre_t
+            arrival_t = np.random.default_rng([seed, 11]).permutation(len(train))
+            mb_t, _ = evidence_microbatches(idx[tr], pre_t & ("prefill" in weigh), dec_t & ("decode" in weigh),
+                                            arrival_t, full["prefill"], full["decode"], decode_windows=windows)
+            on_d = dec_t & (mb_t >= 0)  # prefill and decode ids are separate spaces: decode's after prefill's
+            mb_t[on_d] += mb_t[~on_d].max() + 1 if (~on_d & (mb_t >= 0)).any() else 0
+            for name in [n for n in out if grouping_of(n) == "usage" and not n.endswith(REPACKED)]:
+                p2l, homes = out[name]
+                out[name + REPACKED] = (pack_by_dispatch(p2l, ids, homes[tr], mb_t, N, G, E), homes)
         return out, groupers
 
     # evidence: build on one fold, time on the other, both ways
@@ -283,7 +312,9 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
             h = (test_rr if homes is rr else test_grouped[grouping_of(name)])[tr]
             same = (np.ascontiguousarray(p2l).tobytes(), np.ascontiguousarray(h).tobytes())
             picks: dict[str, dict] = {"prefill": {}, "decode": {}}  # balanced-links starts from balanced's GPUs
-            for r in ((*base_rules, *own) if name.startswith("eplb") else cand_rules):
+            rules = ((*base_rules, *own) if name.startswith("eplb")
+                     else (repack_rule,) if name.endswith(REPACKED) else cand_rules)
+            for r in rules:
                 for ph, m in (("prefill", pre), ("decode", dec)):
                     if ph not in weigh:
                         continue
@@ -322,7 +353,11 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
     if name in dict(variants):  # EPLB's placement under moeplace's own dispatch: built as the baseline is
         return StrategyResult(rebalance(work.load, P, dict(variants)[name], N, W), rr, None, extra,
                               cost_model=cost_model(chosen_rule))
-    built, groupers = first  # the very plan the first fold's evidence is about (see the module docstring)
+    # the evidence chose a builder; it builds the deployed plan from every planning request it learned on (twice a
+    # fold's requests), or, deploy="as-built", the very plan the first fold's evidence is about
+    built, groupers = first if deploy == "as-built" else build(ev, only=name)
+    decision["deploy"] = deploy
+    decision["built_on_requests"] = int(len(ev) - len(folds[0]) if deploy == "as-built" else len(ev))
     p2l, homes = built[name]
     return StrategyResult(p2l, homes, groupers[grouping_of(name)], extra, cost_model=cost_model(chosen_rule))
 

@@ -132,6 +132,9 @@ _ALL = (
                     choices=("choose", "fixed")),
               Param("cv_folds", int, 2, "objective time: cross-validation folds of the evidence (each candidate "
                     "is built on the others and timed on one)", lo=2, hi=64),
+              Param("deploy", str, "rebuilt", "objective time: the grouped plan the evidence chose, rebuilt on every "
+                    "planning request, or as built on the first fold's training requests", choices=("rebuilt",
+                                                                                                    "as-built")),
               Param("phases", str, "both", "objective time: the phases the evidence weighs (the one a deployment "
                     "serves, or both)", choices=("both", "prefill", "decode")),
               *_time_params())),
