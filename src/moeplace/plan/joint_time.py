@@ -19,16 +19,20 @@ the deployment's size where the data allows (:func:`moeplace.plan.decide.evidenc
    hierarchical policy, with round-robin homes, each under the dispatch rules engines offer:
    :data:`moeplace.simulate.config.BASELINE_RULES`) and, per grouper, the grouped placements (node affinity as
    activation-clusters builds it, joint's node-affinity placement, and node affinity with EPLB's replica counts;
-   named ``usage-...`` for the usage grouper), each under :data:`CANDIDATE_RULES`.
+   named ``usage-...`` for the usage grouper), each under :data:`CANDIDATE_RULES`; and the usage-grouped ones
+   again with each node's slots repacked by what the ``balanced`` dispatch puts on them on the building fold
+   (:func:`moeplace.plan.activation_clusters.pack_by_dispatch`; named ``...+dispatch``, timed under the
+   links-aware balanced rule).
 3. Evidence by cross-validation: the planning requests are split into two folds (seeded); every candidate is built
    on one fold and timed on the other, both ways, prefill and decode apart. :func:`moeplace.plan.decide.decide`
    deploys a grouped candidate only when the paired 95% interval of its time ratio to the best baseline lies below
    1 in every phase; else the best baseline (EPLB's placement from the whole planning window, round-robin homes).
-   A grouped candidate is deployed as built for the first fold's evidence (on the other folds' requests), not
-   rebuilt on all of them: the plan deployed is the one the evidence is about. (Rebuilt on every planning request,
-   the same choice was up to 4% slower on held-out requests than its evidence said, reference-fg 3x8 decode: a
-   plan built on more requests is another plan.) The plan's ``cost_model.rule`` is its dispatch rule (the
-   evaluation scores it under that rule) and ``extra["decision"]`` the evidence.
+   The evidence chooses a builder; the deployed plan is that builder run on every planning request the evidence
+   used (``deploy="rebuilt"``, the default: twice a fold's requests), or, ``deploy="as-built"``, the very plan the
+   first fold's evidence timed. Rebuilt, the 3x8 decode cells of ``bench/plan_time.py`` were 0.909-0.947 of the
+   strongest EPLB where as built they were 0.913-0.956, with narrower intervals (docs/PLANNER.md). The plan's
+   ``cost_model.rule`` is its dispatch rule (the evaluation scores it under that rule) and ``extra["decision"]``
+   the evidence, with ``deploy`` and ``built_on_requests``.
 
 Everything is a function of (window, parameters, seed): no wall clock, no sampling beyond the seeded folds.
 """
