@@ -5,6 +5,7 @@ written out here in loops over the dispatch's picks."""
 from __future__ import annotations
 
 import numpy as np
+from spec_packing import assert_node_slots_kept_no_twin
 
 from moeplace.plan.activation_clusters import pack_by_dispatch
 from moeplace.simulate.routing import balanced_gpus, build_route_tables
@@ -82,14 +83,7 @@ def test_same_slots_per_node_no_twin_on_a_gpu_and_the_dispatch_objective_never_r
     for seed in range(5):
         ids, home, mb, p2l, N, G, E = instance(seed)
         got = pack_by_dispatch(p2l, ids, home, mb, N, G, E)
-        L, P = p2l.shape
-        per_node, S = P // N, P // (N * G)
-        for layer in range(L):
-            for n in range(N):
-                assert sorted(got[layer, n * per_node:(n + 1) * per_node]) == sorted(
-                    p2l[layer, n * per_node:(n + 1) * per_node])
-            for g in range(N * G):
-                assert len(set(got[layer, g * S:(g + 1) * S].tolist())) == S
+        assert_node_slots_kept_no_twin(got, p2l, N, G)
         load, recv = slot_counts(p2l, ids, home, mb, N, G, E)
         before, after = objective(p2l, load, recv, N, G), objective(got, load, recv, N, G)
         assert (after <= before + 1e-9).all(), (seed, before, after)

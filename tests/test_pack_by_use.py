@@ -4,6 +4,7 @@ received from other nodes, checked against definitions written out here in loops
 from __future__ import annotations
 
 import numpy as np
+from spec_packing import assert_node_slots_kept_no_twin
 
 from moeplace.plan.activation_clusters import pack_by_use, pack_within_nodes, replica_load
 
@@ -58,15 +59,7 @@ def test_same_slots_per_node_no_twin_on_a_gpu_and_never_worse():
         use, p2l, N, G = instance(seed)
         base = pack_within_nodes(p2l, replica_load(p2l, use, N), N, G)
         got = pack_by_use(p2l, use, N, G)
-        L, P = p2l.shape
-        per_node, S = P // N, P // (N * G)
-        for layer in range(L):
-            for n in range(N):
-                assert sorted(got[layer, n * per_node:(n + 1) * per_node]) == sorted(
-                    p2l[layer, n * per_node:(n + 1) * per_node])
-            for g in range(N * G):
-                on = got[layer, g * S:(g + 1) * S]
-                assert len(set(on.tolist())) == S  # no GPU holds two replicas of one expert
+        assert_node_slots_kept_no_twin(got, p2l, N, G)
         # node-level traffic is unchanged, the per-node objective never rises, and it falls somewhere
         assert (objective(got, use, N, G) <= objective(base, use, N, G) + 1e-9).all()
         if seed == 0:
