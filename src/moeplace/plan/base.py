@@ -79,6 +79,14 @@ class Workload:
         m = ~self.admission_rows
         return m if m.any() else np.ones_like(m)
 
+    def phase_rows(self, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(prefill, decode) bool [n] of the rows selected by bool [T] ``sel``: prefill is the prompt's rows (the
+        admission rows when the phases are unknown); decode the other rows, less a decode-only request's stand-in
+        admission rows."""
+        self._need_tokens("phase_rows")
+        pre = (self.prefill_rows if self.prefill_rows is not None else self.admission_rows)[sel]
+        return pre, ~self.admission_rows[sel] & ~pre
+
     def traffic(self) -> tuple[np.ndarray, np.ndarray]:
         """(token_request [Tt], expert_ids [Tt, L, K]) of :meth:`traffic_rows`."""
         m = self.traffic_rows()

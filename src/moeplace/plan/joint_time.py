@@ -107,13 +107,6 @@ def node_use(token_request: np.ndarray, ids: np.ndarray, homes: np.ndarray, num_
     return use.reshape(L, num_nodes, gpus_per_node, num_experts).sum(axis=2).transpose(1, 0, 2)
 
 
-def phase_rows(work: Workload, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(prefill, decode) bool [n] of the window's rows selected by bool [T] ``sel``: prefill is the prompt's rows;
-    decode the other rows, less a decode-only request's stand-in admission rows."""
-    pre = (work.prefill_rows if work.prefill_rows is not None else work.admission_rows)[sel]
-    return pre, ~work.admission_rows[sel] & ~pre
-
-
 def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, phy2log: np.ndarray,
                       cluster: Cluster, cost: CostConfig, batching: BatchConfig, arrival_seed: int,
                       rule: str) -> np.ndarray:
@@ -125,7 +118,7 @@ def window_layer_time(work: Workload, requests: np.ndarray, homes: np.ndarray, p
     idx[requests] = np.arange(len(requests))
     tr = idx[work.token_request[sel]]
     ids = work.expert_ids[sel]
-    pre, dec = phase_rows(work, sel)
+    pre, dec = work.phase_rows(sel)
     arrival = np.random.default_rng([arrival_seed, 7]).permutation(len(requests))
     mb = window_microbatches(tr, pre, arrival, batching)
     h = homes[requests][tr]
@@ -270,7 +263,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
             # groupings are the ones built for decode; a work budget: repacking all six doubled the plan time)
             idx = np.full(Rq, -1, np.int64)
             idx[train] = np.arange(len(train))
-            pre_t, dec_t = phase_rows(work, sel)
+            pre_t, dec_t = work.phase_rows(sel)
             arrival_t = np.random.default_rng([seed, 11]).permutation(len(train))
             mb_t, _ = evidence_microbatches(idx[tr], pre_t & ("prefill" in weigh), dec_t & ("decode" in weigh),
                                             arrival_t, full["prefill"], full["decode"], decode_windows=windows)
@@ -298,7 +291,7 @@ def plan_joint_time(work: Workload, cluster: Cluster, num_redundant: int, seed: 
         idx[test] = np.arange(len(test))
         tr = idx[work.token_request[sel]]
         ids = work.expert_ids[sel]
-        pre, dec = phase_rows(work, sel)
+        pre, dec = work.phase_rows(sel)
         arrival = np.random.default_rng([seed, 7, f]).permutation(len(test))
         mb, sizes = evidence_microbatches(tr, pre & ("prefill" in weigh), dec & ("decode" in weigh), arrival,
                                           full["prefill"], full["decode"], decode_windows=windows)
