@@ -20,12 +20,14 @@ import argparse
 from common import BenchRun
 
 from moeplace.data import default_trace_path
+from moeplace.demo import DEFAULT_CLUSTER, DemoConfig
 from moeplace.evaluate import compare
 from moeplace.placement import Cluster
 from moeplace.trace import read_trace
 
-HOLDOUTS = (0.25, 0.625)
-SEEDS = list(range(5))
+DEMO = DemoConfig(trace=default_trace_path(), out=None)  # the demo's defaults: its protocol, not a copy of it
+HOLDOUTS = (DEMO.holdout, 0.625)  # the demo's, and a planning window of a fold's size (375 of 1,000 requests)
+SEEDS = list(range(DEMO.seed, DEMO.seed + DEMO.split_seeds))
 
 
 def main() -> int:
@@ -33,11 +35,11 @@ def main() -> int:
     ap.add_argument("--json", help="write here instead of bench/results/demo_learning_curve.json")
     args = ap.parse_args()
     run = BenchRun("demo_learning_curve", baseline="the strongest EPLB per phase (compare's baseline), same run")
-    trace = read_trace(default_trace_path())
+    trace = read_trace(DEMO.trace)
     rows = {}
     for h in HOLDOUTS:
-        r = compare(trace, Cluster.parse("4x2"), 8, ["eplb", "activation-clusters"], holdout=h, arrival="mixed",
-                    split_seeds=SEEDS, phases=("prefill",))
+        r = compare(trace, Cluster.parse(DEFAULT_CLUSTER), DEMO.redundant, ["eplb", "activation-clusters"],
+                    holdout=h, arrival="mixed", split_seeds=SEEDS, phases=("prefill",))
         ph = r["strategies"]["activation-clusters"]["phases"]["prefill"]
         rows[str(h)] = {"planning_requests": int(r["planning_requests"]), "held_out_requests":
                         int(r["held_out_requests"]), "ratio_to_baseline": ph["ratio_to_baseline"],
@@ -45,7 +47,8 @@ def main() -> int:
                         "baseline": r["baseline"]}
         print(f"holdout {h}: planned on {r['planning_requests']} requests, activation-clusters prefill "
               f"{ph['ratio_to_baseline']:.3f} [{ph['ci95'][0]:.3f}, {ph['ci95'][1]:.3f}]", flush=True)
-    run.write({"params": {"trace": "bundled default trace", "cluster": "4x2", "redundant": 8, "arrival": "mixed",
+    run.write({"params": {"trace": "bundled default trace", "cluster": DEFAULT_CLUSTER, "redundant": DEMO.redundant,
+                          "arrival": "mixed",
                           "split_seeds": SEEDS, "holdouts": list(HOLDOUTS), "phase": "prefill"},
                "results": rows}, args.json)
     return 0
